@@ -1,0 +1,1 @@
+"""Load generator, experiments and committed results."""

@@ -1,0 +1,21 @@
+"""Defaults of the preprocessing backends, in one place."""
+
+# Refuse images whose header claims more pixels than this (about a 100 MP photo) before decoding:
+# a decompression bomb must never reach a decoder.
+MAX_IMAGE_PIXELS = 100_000_000
+
+# JPEG draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, which is far cheaper for big
+# photos. We only ask for a draft that keeps at least this many times the resize target on the
+# shorter side, so the final antialiased resize still does a real (>= 2x) reduction; measured
+# effect on the model input is in tests/test_preprocessing_pil.py and README.md.
+JPEG_DRAFT_HEADROOM = 2
+
+# Background that transparent pixels are composited onto: what a viewer shows for a cut-out image.
+ALPHA_BACKGROUND = (255, 255, 255)
+
+# Decoding threads per process for the Pillow backend (Pillow releases the GIL while decoding and
+# resizing); capped because the model needs the cores too.
+PIL_MAX_THREADS = 4
+
+# Backend names, in the order `auto` tries them on a GPU. Only `pil` exists so far.
+BACKENDS = ("pil",)

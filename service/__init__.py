@@ -1,0 +1,1 @@
+"""LitServe API, server CLI (`vision-serve`) and client (`vision-classify`)."""

@@ -1,0 +1,103 @@
+"""`vision-classify IMAGE... --url URL`: send images to a vision-serve server, print their top-k."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from service import _defaults
+from service.client import AsyncVisionClient, Classification, ClassifyError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vision-classify", description="Classify images with a vision-serve server.")
+    parser.add_argument("images", nargs="+", type=Path, metavar="IMAGE", help="image files to classify")
+    parser.add_argument("--url", default=_defaults.CLIENT_URL, help=f"server URL (default: {_defaults.CLIENT_URL})")
+    parser.add_argument(
+        "--top-k", type=int, default=_defaults.TOP_K, help=f"labels per image (default: {_defaults.TOP_K})"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object per image instead of tables")
+    parser.add_argument(
+        "--concurrency", type=int, default=_defaults.CLIENT_CONCURRENCY, help="requests in flight at once"
+    )
+    parser.add_argument("--timeout", type=float, default=_defaults.CLIENT_TIMEOUT_S, help="seconds per request")
+    return parser
+
+
+def format_table(name: str, result: Classification) -> str:
+    width = max(len(p.label) for p in result.predictions)
+    lines = [f"{name}  ({result.model}, {result.latency_ms:.0f} ms)"]
+    lines += [
+        f"  {rank}. {p.label:<{width}}  {p.probability * 100:6.2f} %" for rank, p in enumerate(result.predictions, 1)
+    ]
+    return "\n".join(lines)
+
+
+def as_json(name: str, outcome: Classification | Exception) -> str:
+    if isinstance(outcome, Classification):
+        body = {
+            "image": name,
+            "predictions": [vars(p) for p in outcome.predictions],
+            "model": outcome.model,
+            "engine": outcome.engine,
+            "latency_ms": round(outcome.latency_ms, 2),
+        }
+    else:
+        body = {"image": name, "error": describe_error(outcome)}
+    return json.dumps(body)
+
+
+def describe_error(exc: Exception) -> str:
+    if isinstance(exc, ClassifyError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"cannot read file: {exc.strerror or exc}"
+    if isinstance(exc, httpx.TransportError):
+        return f"cannot reach the server ({exc.__class__.__name__}: {exc}); is vision-serve running at that --url?"
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+async def classify_all(
+    images: Sequence[Path], url: str, top_k: int, concurrency: int, timeout: float
+) -> list[Classification | Exception]:
+    limit = asyncio.Semaphore(concurrency)
+    async with AsyncVisionClient(url, timeout=timeout) as client:
+
+        async def one(path: Path) -> Classification | Exception:
+            async with limit:
+                try:
+                    return await client.classify(path, top_k=top_k)
+                except (ClassifyError, OSError, httpx.HTTPError) as exc:
+                    return exc
+
+        return await asyncio.gather(*(one(p) for p in images))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 1 <= args.top_k <= _defaults.MAX_TOP_K:
+        parser.error(f"--top-k must be from 1 to {_defaults.MAX_TOP_K}")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be >= 1")
+    outcomes = asyncio.run(classify_all(args.images, args.url, args.top_k, args.concurrency, args.timeout))
+    failed = 0
+    for path, outcome in zip(args.images, outcomes, strict=True):
+        if args.json:
+            print(as_json(str(path), outcome))
+        elif isinstance(outcome, Classification):
+            print(format_table(str(path), outcome) + "\n")
+        else:
+            print(f"{path}  ERROR: {describe_error(outcome)}\n")
+        failed += not isinstance(outcome, Classification)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

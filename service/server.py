@@ -1,0 +1,164 @@
+"""Build the LitServer for a ``ServeSettings`` and run it until SIGTERM/SIGINT, leaving no orphans.
+
+LitServe 0.2.19 leaves its uvicorn, inference-worker and manager processes running when the main
+process gets SIGTERM (measured). ``serve`` turns SIGTERM and SIGINT into LitServe's own graceful
+shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from multiprocessing import resource_tracker
+
+import litserve as ls
+import torch
+from litserve.utils import WorkerSetupStatus
+
+from compile.catalog import get_model_entry
+from preprocessing import resolve_backend
+from service.api import ENGINE_EAGER, ClassifierAPI
+from service.settings import ServeSettings
+
+logger = logging.getLogger(__name__)
+
+CHILD_STOP_TIMEOUT_S = 10.0
+
+
+class StartupInterrupted(Exception):
+    """A stop signal arrived before any worker was ready."""
+
+
+class WorkerStartupFailed(RuntimeError):
+    """An inference worker's setup raised; its traceback is in the log above."""
+
+
+def resolve_device(device: str, cuda_count: int) -> tuple[str, int | str, dict[str, str]]:
+    """``--device`` -> (LitServer accelerator, devices, environment for the workers)."""
+    if device == "auto":
+        device = "cuda" if cuda_count > 0 else "cpu"
+    if device == "cpu":
+        return "cpu", "auto", {}
+    if cuda_count == 0:
+        raise ValueError(f"--device {device} asks for a GPU, but torch sees none. Use --device cpu or auto.")
+    if device == "cuda":
+        return "cuda", cuda_count, {}
+    index = device.removeprefix("cuda:")
+    if not index.isdigit() or int(index) >= cuda_count:
+        raise ValueError(f"--device {device}: there are {cuda_count} GPUs, so use cuda:0 .. cuda:{cuda_count - 1}.")
+    # One chosen GPU: show the worker only that one, and it becomes its cuda:0.
+    return "cuda", 1, {"CUDA_VISIBLE_DEVICES": index}
+
+
+class VisionLitServer(ls.LitServer):
+    """LitServer that can be asked to stop from a signal handler, also while workers start."""
+
+    _stop_requested = False
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+        event = self._shutdown_event
+        if event is not None:
+            # The event is a multiprocessing-manager proxy that the main thread may be blocked on;
+            # a proxy connection must not be reused re-entrantly from a signal handler, so set it
+            # from a new thread (which gets its own connection).
+            threading.Thread(target=event.set, name="vision-serve-stop", daemon=True).start()
+
+    def verify_worker_status(self) -> None:
+        while not any(v == WorkerSetupStatus.READY for v in self.workers_setup_status.values()):
+            if self._stop_requested:
+                raise StartupInterrupted()
+            if any(v == WorkerSetupStatus.ERROR for v in self.workers_setup_status.values()):
+                raise WorkerStartupFailed(
+                    "An inference worker failed to start (its error is logged above): check --model, "
+                    "--weights and --device."
+                )
+            time.sleep(0.05)
+
+
+def build_server(settings: ServeSettings) -> VisionLitServer:
+    entry = get_model_entry(settings.model)  # fail fast on a bad name, before spawning workers
+    accelerator, devices, worker_env = resolve_device(settings.device, torch.cuda.device_count())
+    os.environ.update(worker_env)  # spawned workers inherit it
+    worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
+    preprocess, reason = resolve_backend(settings.preprocess, worker_device)
+    logger.info("Preprocessing: %s (%s)", preprocess, reason)
+    metadata = {
+        "model": entry.name,
+        "weights": settings.weights,
+        "engine": ENGINE_EAGER,
+        "preprocess": preprocess,
+        "preprocess_reason": reason,
+        "preprocess_spec": entry.preprocess.to_dict(),
+        "labels_source": entry.labels_source,
+        "device": settings.device,
+        "max_batch_size": settings.max_batch_size,
+        "batch_timeout_ms": settings.batch_timeout_ms,
+    }
+    return VisionLitServer(
+        ClassifierAPI(settings),
+        accelerator=accelerator,
+        devices=devices,
+        workers_per_device=settings.workers_per_device,
+        model_metadata=metadata,
+    )
+
+
+def reap_children(timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
+    """Terminate, then kill, any multiprocessing child still alive; then stop the resource tracker."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + timeout
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            logger.warning("Child %s (pid %s) ignored SIGTERM; killing it.", child.name, child.pid)
+            child.kill()
+            child.join()
+    # The tracker that spawn-started workers use would otherwise outlive us by a moment.
+    stop_tracker = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop_tracker is not None:
+        stop_tracker()
+
+
+def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int:
+    """Run until SIGTERM or SIGINT; returns the process exit code."""
+    server = server or build_server(settings)
+
+    main_pid = os.getpid()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if os.getpid() != main_pid:
+            # A forked child (the multiprocessing manager, a uvicorn server before it installs its
+            # own handlers) inherited this handler: behave as the default and end.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if not server._stop_requested:
+            logger.info("%s received: shutting down.", signal.Signals(signum).name)
+        server.request_stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run(
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            generate_client_file=False,  # LitServe would otherwise write client.py into the cwd
+        )
+        return 0
+    except StartupInterrupted:
+        logger.info("Stopped before the workers were ready.")
+        return 0
+    except WorkerStartupFailed as exc:
+        logger.error("%s", exc)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        reap_children()
