@@ -27,6 +27,22 @@ _RESAMPLE = {
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
+_SIGNATURES = {
+    b"\xff\xd8\xff": "JPEG",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+}
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format that ``data`` starts like, from its magic bytes alone."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP"
+    return next((fmt for magic, fmt in _SIGNATURES.items() if data.startswith(magic)), None)
 
 
 def resized_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
@@ -128,6 +144,9 @@ class PilPreprocessor(Preprocessor):
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 img = Image.open(io.BytesIO(data))
         except UnidentifiedImageError:
+            claimed = sniff_format(data)
+            if claimed:
+                raise ImageDecodeError(400, f"The {claimed} image is corrupt: its header cannot be parsed.") from None
             raise ImageDecodeError(
                 415, f"The data is not an image format we can read. Send {SUPPORTED_FORMATS_HINT} bytes."
             ) from None

@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -63,7 +64,11 @@ def warmup_jpeg(width: int = 640, height: int = 480) -> bytes:
 
 class ClassifierAPI(ls.LitAPI):
     def __init__(self, settings: ServeSettings) -> None:
-        super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
+        with warnings.catch_warnings():
+            # With --max-batch-size 1 LitServe warns that batch/unbatch are overridden; predict()
+            # handles both paths on purpose.
+            warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
+            super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
         self.settings = settings
         self.engine = ENGINE_EAGER
         self.model_entry: ModelEntry | None = None

@@ -1,0 +1,108 @@
+"""The main job, offline on a fresh machine: start vision-serve, classify sample images, print
+their top-5, stop the server.
+
+ResNet-152 (the default model) is used when its ImageNet weights are in torchvision's cache or can
+be downloaded; otherwise the demo says so and serves `efficientnet-lite0`, whose pretrained
+ImageNet weights ship in a Python package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tempfile
+import time
+import urllib.error
+from collections.abc import Sequence
+from pathlib import Path
+
+from compile.catalog import get_model_entry
+from compile.weights import torchvision_cache_file
+from service.classify_cli import classify_all, describe_error, format_table
+from service.client import Classification
+from service.process import ServerProcess, ServerStartError
+
+logger = logging.getLogger(__name__)
+
+# scikit-image's sample images: public domain or CC0, so the demo ships no image files.
+SAMPLE_IMAGES = ("chelsea", "coffee", "astronaut", "rocket")
+FALLBACK_MODEL = "efficientnet-lite0"
+
+
+def write_sample_images(directory: Path) -> list[Path]:
+    from PIL import Image
+    from skimage import data
+
+    paths = []
+    for name in SAMPLE_IMAGES:
+        path = directory / f"{name}.jpg"
+        Image.fromarray(getattr(data, name)()).convert("RGB").save(path, quality=92)
+        paths.append(path)
+    return paths
+
+
+def pick_model(requested: str) -> tuple[str, str]:
+    """(model, why). For `auto`: ResNet-152 if its ImageNet weights can be had, else the fallback."""
+    if requested != "auto":
+        return requested, "chosen with --model"
+    entry = get_model_entry("resnet152")
+    cache_file = torchvision_cache_file(entry)
+    if cache_file.exists():
+        return "resnet152", f"ImageNet weights found in torchvision's cache ({cache_file})"
+    from torchvision.models import ResNet152_Weights
+
+    print("Fetching ResNet-152 ImageNet weights into torchvision's cache ...", flush=True)
+    try:
+        ResNet152_Weights.DEFAULT.get_state_dict(progress=True)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return FALLBACK_MODEL, (
+            f"ResNet-152 ImageNet weights are not available here ({reason}), so the demo serves "
+            f"{FALLBACK_MODEL}, a pretrained ImageNet classifier whose weights ship in a Python package"
+        )
+    return "resnet152", "ImageNet weights downloaded into torchvision's cache"
+
+
+def print_results(paths: Sequence[Path], outcomes: Sequence[Classification | Exception]) -> int:
+    failures = 0
+    for path, outcome in zip(paths, outcomes, strict=True):
+        if isinstance(outcome, Classification):
+            print(format_table(path.name, outcome) + "\n")
+        else:
+            failures += 1
+            print(f"{path.name}  ERROR: {describe_error(outcome)}\n")
+    return failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="auto", help="auto (ResNet-152 if its weights are available) or a name")
+    parser.add_argument("images", nargs="*", type=Path, help="images to classify (default: scikit-image samples)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    model, why = pick_model(args.model)
+    print(f"Model: {model} ({why}).", flush=True)
+    with tempfile.TemporaryDirectory(prefix="vision-serve-demo-") as tmp:
+        images = args.images or write_sample_images(Path(tmp))
+        server = ServerProcess(["--model", model], log_path=Path(tmp) / "server.log")
+        started = time.perf_counter()
+        try:
+            server.start()
+        except ServerStartError as exc:
+            print(f"The server did not start: {exc}", file=sys.stderr)
+            return 1
+        try:
+            print(f"vision-serve is ready at {server.url} after {time.perf_counter() - started:.1f} s.\n", flush=True)
+            outcomes = asyncio.run(classify_all(images, server.url, top_k=5, concurrency=len(images), timeout=120))
+            failures = print_results(images, outcomes)
+        finally:
+            code = server.stop()
+        print(f"Server stopped (exit code {code}).")
+    return 1 if failures or code != 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

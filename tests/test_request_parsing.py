@@ -1,0 +1,148 @@
+"""Request parsing (HTTP process side) and settings / CLI mapping, without a model."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.testclient import TestClient
+
+from service import _defaults
+from service.cli import build_parser, main, settings_from_args
+from service.request_parsing import decode_base64_image, parse_top_k, read_image_request
+from service.server import resolve_device
+from service.settings import ServeSettings, env_overrides
+
+
+@pytest.fixture(scope="module")
+def echo_client() -> TestClient:
+    """A bare FastAPI app that answers with what read_image_request parsed."""
+    app = FastAPI()
+
+    @app.post("/predict")
+    async def predict(request: Request) -> dict:
+        parsed = await read_image_request(request)
+        return {"n_bytes": len(parsed.image), "head": parsed.image[:4].decode("latin-1"), "top_k": parsed.top_k}
+
+    return TestClient(app)
+
+
+def test_raw_body(echo_client) -> None:
+    r = echo_client.post("/predict?top_k=3", content=b"\xff\xd8\xff\xe0rest", headers={"Content-Type": "image/jpeg"})
+    assert r.json() == {"n_bytes": 8, "head": "\xff\xd8\xff\xe0", "top_k": 3}
+
+
+def test_raw_body_without_content_type_defaults_top_k(echo_client) -> None:
+    r = echo_client.post("/predict", content=b"abcd")
+    assert r.json()["top_k"] == _defaults.TOP_K and r.json()["n_bytes"] == 4
+
+
+def test_multipart_field_and_top_k(echo_client) -> None:
+    r = echo_client.post("/predict", files={"image": ("cat.jpg", b"JPEGDATA", "image/jpeg")}, data={"top_k": "2"})
+    assert r.json() == {"n_bytes": 8, "head": "JPEG", "top_k": 2}
+
+
+def test_multipart_large_file_is_not_cut(echo_client) -> None:
+    big = b"x" * (3 * 1024 * 1024)  # above Starlette's 1 MiB in-memory part limit
+    r = echo_client.post("/predict", files={"image": ("big.jpg", big, "image/jpeg")})
+    assert r.status_code == 200 and r.json()["n_bytes"] == len(big)
+
+
+def test_multipart_without_image_field(echo_client) -> None:
+    r = echo_client.post("/predict", files={"file": ("cat.jpg", b"x", "image/jpeg")})
+    assert r.status_code == 400 and 'field named "image"' in r.json()["detail"]
+
+
+def test_json_base64_and_data_url(echo_client) -> None:
+    payload = base64.b64encode(b"PNGDATA").decode()
+    assert echo_client.post("/predict", json={"image": payload, "top_k": 7}).json()["top_k"] == 7
+    data_url = "data:image/png;base64," + payload
+    assert echo_client.post("/predict", json={"image": data_url}).json()["head"] == "PNGD"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "words"),
+    [
+        ({"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "not valid JSON"),
+        ({"json": {"picture": "abc"}}, 400, 'field "image"'),
+        ({"json": {"image": "@@@not base64@@@"}}, 400, "not valid base64"),
+        ({"json": {"image": 12}}, 400, "base64 string"),
+        ({"content": b"", "headers": {"Content-Type": "image/jpeg"}}, 400, "no image"),
+        ({"content": b"abc", "params": {"top_k": "0"}}, 422, "top_k"),
+        ({"content": b"abc", "params": {"top_k": "1001"}}, 422, "top_k"),
+        ({"content": b"abc", "params": {"top_k": "five"}}, 422, "top_k"),
+        ({"json": {"image": "YWJj", "top_k": True}}, 422, "top_k"),
+    ],
+    ids=["bad-json", "no-image-field", "bad-base64", "image-not-string", "empty-body", "top-k-0", "top-k-1001",
+         "top-k-word", "top-k-bool"],
+)  # fmt: skip
+def test_malformed_requests_get_a_clear_4xx(echo_client, kwargs, status, words) -> None:
+    r = echo_client.post("/predict", **kwargs)
+    assert r.status_code == status
+    assert words in r.json()["detail"]
+
+
+def test_oversized_body_is_413(echo_client, monkeypatch) -> None:
+    monkeypatch.setattr(_defaults, "MAX_BODY_BYTES", 1000)
+    r = echo_client.post("/predict", content=b"x" * 1001)
+    assert r.status_code == 413 and "1,000" in r.json()["detail"]
+
+
+def test_top_k_parsing_edges() -> None:
+    assert parse_top_k("1") == 1 and parse_top_k(1000) == 1000 and parse_top_k(5.0) == 5
+    with pytest.raises(HTTPException):
+        parse_top_k(2.5)
+    with pytest.raises(HTTPException):
+        decode_base64_image("data:image/png;base64")
+
+
+def test_flags_beat_env_vars_beat_defaults() -> None:
+    env = {"VISION_SERVE_PORT": "9001", "VISION_SERVE_MODEL": "resnet50", "VISION_SERVE_BATCH_TIMEOUT_MS": "2.5"}
+    args = build_parser().parse_args(["--model", "efficientnet-lite0", "--max-batch-size", "8"])
+    settings = settings_from_args(args, env)
+    assert settings.model == "efficientnet-lite0"  # flag
+    assert settings.port == 9001 and settings.batch_timeout_ms == 2.5  # env
+    assert settings.max_batch_size == 8 and settings.workers_per_device == _defaults.WORKERS_PER_DEVICE
+
+
+def test_every_setting_has_a_flag_and_an_env_var() -> None:
+    help_text = build_parser().format_help()
+    for name in ServeSettings.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in help_text
+        assert "VISION_SERVE_" + name.upper() in help_text
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [({"VISION_SERVE_PORT": "eighty"}, "VISION_SERVE_PORT='eighty' is not a valid int")],
+)
+def test_bad_env_value_is_named(env, words) -> None:
+    with pytest.raises(ValueError, match=words):
+        env_overrides(env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--max-batch-size", "0"], "max-batch-size must be >= 1"),
+        (["--host", "10.1.2.3"], "--host must be one of"),
+        (["--port", "80"], "--port must be in 1024..65535"),
+        (["--model", "resnet125"], "Did you mean"),
+        (["--weights", "/no/such/file.pt"], "no such file"),
+        (["--device", "cuda"], "asks for a GPU, but torch sees none"),
+    ],
+)
+def test_cli_rejects_bad_settings_with_a_fix(argv, words, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("auto", 0) == ("cpu", "auto", {})
+    assert resolve_device("auto", 2) == ("cuda", 2, {})
+    assert resolve_device("cuda:1", 2) == ("cuda", 1, {"CUDA_VISIBLE_DEVICES": "1"})
+    with pytest.raises(ValueError, match=r"cuda:0 \.\. cuda:1"):
+        resolve_device("cuda:2", 2)
