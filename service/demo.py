@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="auto", help="auto (ResNet-152 if its weights are available) or a name")
     parser.add_argument("images", nargs="*", type=Path, help="images to classify (default: scikit-image samples)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     model, why = pick_model(args.model)
     print(f"Model: {model} ({why}).", flush=True)
