@@ -33,6 +33,7 @@ from PIL import Image
 from compile.catalog import get_model_entry
 from compile.weights import load_model
 from preprocessing.pil_backend import PilPreprocessor
+from service._defaults import BATCH_TIMEOUT_MS
 from service.process import ServerProcess
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -117,9 +118,10 @@ async def served_run(url: str, image: bytes, requests: int, concurrency: int) ->
     }
 
 
-def served(model_name: str, weights: str, image: bytes, repeats: int) -> dict:
+def served(model_name: str, weights: str, image: bytes, repeats: int, batch_timeout_ms: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["--model", model_name, "--weights", weights, "--max-batch-size", "8", "--log-level", "warning"]
+        args = ["--model", model_name, "--weights", weights, "--max-batch-size", "8", "--log-level", "warning",
+                "--batch-timeout-ms", str(batch_timeout_ms)]  # fmt: skip
         with ServerProcess(args, log_path=Path(tmp) / "server.log") as server:
             return {
                 "concurrency_1": asyncio.run(served_run(server.url, image, repeats, 1)),
@@ -155,13 +157,14 @@ def main() -> None:
     parser.add_argument("--model", default="resnet152")
     parser.add_argument("--weights", default="random", help="random is fine for speed; imagenet if cached")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--batch-timeout-ms", type=float, default=BATCH_TIMEOUT_MS, help="the server's batch window")
     parser.add_argument("--output-dir", type=Path, default=None)
     args = parser.parse_args()
 
     image = sample_jpeg()
     local = in_process(args.model, args.weights, image, args.repeats)
-    remote = served(args.model, args.weights, image, args.repeats)
-    text = report(args.model, args.weights, local, remote)
+    remote = served(args.model, args.weights, image, args.repeats, args.batch_timeout_ms)
+    text = report(args.model, args.weights, local, remote) + f"\n  (server batch window {args.batch_timeout_ms:g} ms)"
     print(text)
 
     machine = f"{socket.gethostname().split('.')[0]}-{os.cpu_count()}cpu"
@@ -170,13 +173,17 @@ def main() -> None:
     record = {
         "model": args.model,
         "weights": args.weights,
+        "batch_timeout_ms": args.batch_timeout_ms,
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor(), "platform": platform.platform()},
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "in_process": local,
         "served": remote,
     }
-    (out_dir / f"serve_latency-{args.model}.json").write_text(json.dumps(record, indent=2))
-    (out_dir / f"serve_latency-{args.model}.txt").write_text(text + "\n")
+    stem = f"serve_latency-{args.model}" + (
+        "" if args.batch_timeout_ms == BATCH_TIMEOUT_MS else f"-window{args.batch_timeout_ms:g}ms"
+    )
+    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=2))
+    (out_dir / f"{stem}.txt").write_text(text + "\n")
     print(f"wrote {out_dir}")
 
 
