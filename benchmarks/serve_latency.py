@@ -101,6 +101,9 @@ async def served_run(url: str, image: bytes, requests: int, concurrency: int) ->
         started = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+    failed = [status for _, status, _ in results if status != 200]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(results)} requests failed (statuses {sorted(set(failed))})")
     latencies = sorted(r[0] for r in results)
     statuses: dict[int, int] = {}
     for _, status, _ in results:

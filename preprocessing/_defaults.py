@@ -10,6 +10,10 @@ MAX_IMAGE_PIXELS = 100_000_000
 # effect on the model input is in tests/test_preprocessing_pil.py and README.md.
 JPEG_DRAFT_HEADROOM = 2
 
+# Resize-then-crop is exact but allocates the whole resized image; above this many times
+# resize_size**2 (an aspect ratio beyond about 4:1) only the crop region is resampled.
+MAX_RESIZED_AREA_FACTOR = 4
+
 # Background that transparent pixels are composited onto: what a viewer shows for a cut-out image.
 ALPHA_BACKGROUND = (255, 255, 255)
 

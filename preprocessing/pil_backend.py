@@ -27,6 +27,10 @@ _RESAMPLE = {
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
+# Pillow decoders we let near untrusted bytes: the formats we promise, nothing more (no EPS, which
+# would hand the bytes to Ghostscript, nor the many exotic formats Pillow also reads). MPO is how
+# Pillow names the multi-picture JPEGs many phones write; its JPEG opener returns those itself.
+PIL_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 _SIGNATURES = {
     b"\xff\xd8\xff": "JPEG",
     b"\x89PNG\r\n\x1a\n": "PNG",
@@ -142,7 +146,7 @@ class PilPreprocessor(Preprocessor):
             with warnings.catch_warnings():
                 # Our own pixel limit below replaces Pillow's DecompressionBombWarning.
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                img = Image.open(io.BytesIO(data))
+                img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
         except UnidentifiedImageError:
             claimed = sniff_format(data)
             if claimed:
@@ -150,8 +154,10 @@ class PilPreprocessor(Preprocessor):
             raise ImageDecodeError(
                 415, f"The data is not an image format we can read. Send {SUPPORTED_FORMATS_HINT} bytes."
             ) from None
-        except Image.DecompressionBombError as exc:
-            raise ImageDecodeError(413, f"The image is too large: {exc}") from None
+        except Image.DecompressionBombError:
+            raise ImageDecodeError(
+                413, f"The image header claims more than {self.max_image_pixels:,} pixels. Downscale it before sending."
+            ) from None
         except Exception as exc:  # a corrupt header can raise almost anything inside Pillow's plugins
             raise ImageDecodeError(400, f"The image header is corrupt: {exc}") from None
 
@@ -171,13 +177,24 @@ class PilPreprocessor(Preprocessor):
 
     def _transform(self, img: Image.Image) -> np.ndarray:
         spec = self.spec
-        if self.use_jpeg_draft and img.format == "JPEG":
+        if self.use_jpeg_draft and img.format in ("JPEG", "MPO"):
             wanted = spec.resize_size * _defaults.JPEG_DRAFT_HEADROOM
             if min(img.size) >= 2 * wanted:
                 # draft() picks the largest 1/2, 1/4, 1/8 scale that keeps both sides >= wanted.
                 img.draft(None, (wanted, wanted))
         img = ImageOps.exif_transpose(img)  # loads the pixels; phone photos are stored sideways
         img = to_rgb(img)
-        img = img.resize(resized_size(*img.size, spec.resize_size), self._resample)
-        img = img.crop(center_crop_box(*img.size, spec.crop_size))
+        width, height = img.size
+        new_width, new_height = resized_size(width, height, spec.resize_size)
+        box = center_crop_box(new_width, new_height, spec.crop_size)
+        if new_width * new_height <= _defaults.MAX_RESIZED_AREA_FACTOR * spec.resize_size**2:
+            # Resize, then crop: exactly torchvision's Resize + CenterCrop.
+            img = img.resize((new_width, new_height), self._resample).crop(box)
+        else:
+            # A long strip (a 1 x 100000 PNG is 300 bytes) would resize to gigabytes: resample only
+            # the crop region. Same geometry; pixels within 2 uint8 levels of the path above.
+            scale_x, scale_y = width / new_width, height / new_height
+            left, top, right, bottom = box
+            source_box = (left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)
+            img = img.resize((spec.crop_size, spec.crop_size), self._resample, box=source_box)
         return np.asarray(img, dtype=np.uint8)

@@ -12,6 +12,7 @@ through the batch as ``ImageError`` values and become that request's own 4xx in
 import io
 import logging
 import os
+import signal
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -74,6 +75,9 @@ class ClassifierAPI(ls.LitAPI):
         self.model_entry: ModelEntry | None = None
 
     def setup(self, device: str) -> None:
+        # Ctrl-C in a terminal reaches the whole process group; the main process stops the server
+        # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch_device = torch.device(device)
         if torch_device.type == "cpu":
             # Workers of one machine share its cores; oversubscribing them only adds contention.

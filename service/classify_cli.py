@@ -58,6 +58,8 @@ def describe_error(exc: Exception) -> str:
         return str(exc)
     if isinstance(exc, OSError):
         return f"cannot read file: {exc.strerror or exc}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer in time ({exc.__class__.__name__}); a busy server may need a larger --timeout"
     if isinstance(exc, httpx.TransportError):
         return f"cannot reach the server ({exc.__class__.__name__}: {exc}); is vision-serve running at that --url?"
     return f"{exc.__class__.__name__}: {exc}"

@@ -53,18 +53,23 @@ def _request_parts(image: ImageInput, top_k: int) -> tuple[bytes, dict[str, str]
 
 
 def _parse(response: httpx.Response) -> Classification:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
     if response.status_code != 200:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        raise ClassifyError(response.status_code, str(detail))
-    body = response.json()
+        detail = body.get("detail") if isinstance(body, dict) else None
+        raise ClassifyError(response.status_code, str(detail or response.text or response.reason_phrase))
+    try:
+        predictions = [Prediction(p["index"], p["label"], p["probability"]) for p in body["predictions"]]
+        model, engine = body["model"], body["engine"]
+    except (TypeError, KeyError):
+        raise ClassifyError(200, f"Not a vision-serve answer: {response.text[:200]!r}") from None
     batch_size = response.headers.get("X-Batch-Size")
     return Classification(
-        predictions=[Prediction(p["index"], p["label"], p["probability"]) for p in body["predictions"]],
-        model=body["model"],
-        engine=body["engine"],
+        predictions=predictions,
+        model=model,
+        engine=engine,
         latency_ms=response.elapsed.total_seconds() * 1e3,
         batch_size=int(batch_size) if batch_size else None,
     )

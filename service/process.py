@@ -48,7 +48,9 @@ class ServerProcess:
         self._log = self.log_path.open("wb")
         command = [sys.executable, "-m", "service.cli", *self.args]
         logger.info("Starting: %s", " ".join(command))
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        # Its own process group: a Ctrl-C meant for us does not reach it directly, and tests can
+        # signal the whole server group as a terminal would.
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.wait_ready(timeout)
         return self
 

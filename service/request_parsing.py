@@ -47,6 +47,7 @@ def decode_base64_image(text: object) -> bytes:
         _, sep, text = text.partition(",")  # data:image/jpeg;base64,<payload>
         if not sep:
             raise HTTPException(400, 'JSON field "image" is a data: URL without a "," before the payload.')
+    text = "".join(text.split())  # `base64` wraps its output at 76 columns; the breaks carry nothing
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
@@ -55,41 +56,61 @@ def decode_base64_image(text: object) -> bytes:
         ) from None
 
 
-def _check_size(n_bytes: int) -> None:
-    if n_bytes > _defaults.MAX_BODY_BYTES:
-        raise HTTPException(413, f"The request body is {n_bytes:,} bytes; the limit is {_defaults.MAX_BODY_BYTES:,}.")
+def _too_large(n_bytes: int | None = None) -> HTTPException:
+    size = f"{n_bytes:,} bytes" if n_bytes is not None else "larger than that"
+    return HTTPException(413, f"The request body is {size}; the limit is {_defaults.MAX_BODY_BYTES:,} bytes.")
+
+
+def check_declared_length(request: Request) -> None:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > _defaults.MAX_BODY_BYTES:
+        raise _too_large(int(declared))
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, read chunk by chunk and abandoned as soon as it passes the limit.
+
+    Content-Length alone is not enough: a chunked upload has none.
+    """
+    check_declared_length(request)
+    chunks, received = [], 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > _defaults.MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def read_image_request(request: Request) -> ImageRequest:
     """FastAPI dependency: parse the body of ``POST /predict``."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit():
-        _check_size(int(declared))
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     top_k_raw: object = request.query_params.get("top_k")
 
     if content_type == "multipart/form-data":
+        check_declared_length(request)
         async with request.form() as form:
             field = form.get("image")
             if not isinstance(field, UploadFile):
                 raise HTTPException(
                     400, 'The multipart form needs a file field named "image" (curl -F image=@cat.jpg).'
                 )
+            if field.size is not None and field.size > _defaults.MAX_BODY_BYTES:
+                raise _too_large(field.size)
             image = await field.read()
             top_k_raw = form.get("top_k", top_k_raw)
     elif content_type == "application/json" or content_type.endswith("+json"):
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(await read_body(request))
+        except (ValueError, RecursionError):  # bad JSON or UTF-8, 5000-digit integers, absurd nesting
             raise HTTPException(400, 'The body is not valid JSON. Send {"image": "<base64>", "top_k": 5}.') from None
         if not isinstance(body, dict) or "image" not in body:
             raise HTTPException(400, 'The JSON body needs a field "image" holding the base64-encoded image file.')
         image = decode_base64_image(body["image"])
         top_k_raw = body.get("top_k", top_k_raw)
     else:
-        image = await request.body()
+        image = await read_body(request)
 
-    _check_size(len(image))
     if not image:
         raise HTTPException(
             400,

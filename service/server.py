@@ -55,17 +55,24 @@ def resolve_device(device: str, cuda_count: int) -> tuple[str, int | str, dict[s
 
 
 class VisionLitServer(ls.LitServer):
-    """LitServer that can be asked to stop from a signal handler, also while workers start."""
+    """LitServer that can be asked to stop from a signal handler, also while workers start.
+
+    Stopping takes LitServe's own graceful path (the one its /shutdown endpoint uses): uvicorn stops
+    accepting and finishes the requests it holds while the inference workers still answer them;
+    the workers stop after that. tests/test_e2e.py checks in-flight requests get their answers.
+    """
 
     _stop_requested = False
 
     def request_stop(self) -> None:
+        if self._stop_requested:
+            return
         self._stop_requested = True
         event = self._shutdown_event
         if event is not None:
-            # The event is a multiprocessing-manager proxy that the main thread may be blocked on;
-            # a proxy connection must not be reused re-entrantly from a signal handler, so set it
-            # from a new thread (which gets its own connection).
+            # Not from the signal handler itself: the event is a multiprocessing-manager proxy that
+            # the main thread may be blocked on, and a proxy connection must not be re-entered.
+            # A new thread gets its own connection.
             threading.Thread(target=event.set, name="vision-serve-stop", daemon=True).start()
 
     def verify_worker_status(self) -> None:
@@ -157,6 +164,11 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
         return 0
     except WorkerStartupFailed as exc:
         logger.error("%s", exc)
+        return 1
+    except (EOFError, ConnectionError) as exc:
+        # LitServe shut itself down from its worker monitor (an inference worker died), which
+        # closes the manager connection the main thread was waiting on.
+        logger.error("The server stopped because an inference worker died (%r); see the log above.", exc)
         return 1
     finally:
         for sig, handler in previous.items():

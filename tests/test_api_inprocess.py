@@ -83,6 +83,7 @@ def test_a_batch_of_only_bad_images(batching_server) -> None:
     responses = call(batching_server, [raw(b"not an image"), raw(b"\x89PNG\r\n\x1a\n")])
     assert [r.status_code for r in responses] == [415, 400]
     assert all(set(r.json()) == {"detail"} for r in responses)
+    assert {r.headers["X-Batch-Size"] for r in responses} == {"2"}  # both went through one batch
 
 
 def test_response_schema_and_per_request_top_k(batching_server, chelsea_jpeg) -> None:

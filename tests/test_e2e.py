@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import psutil
 import pytest
 
@@ -79,23 +82,41 @@ def descendants_of(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stop_signal_leaves_no_process_behind(tmp_path, sample_files, stop_signal) -> None:
-    server = ServerProcess([*LITE, "--workers-per-device", "2"], log_path=tmp_path / "server.log").start()
+STOP_CASES = {
+    "SIGTERM-to-main": (signal.SIGTERM, False),  # what an orchestrator sends
+    "SIGINT-to-group": (signal.SIGINT, True),  # Ctrl-C in a terminal reaches every process of the group
+}
+
+
+@pytest.mark.parametrize(("stop_signal", "to_group"), STOP_CASES.values(), ids=STOP_CASES.keys())
+def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_files, stop_signal, to_group) -> None:
+    # ResNet-152 (random weights: only speed matters) keeps 8 requests busy for about a second.
+    args = ["--model", "resnet152", "--weights", "random", "--max-batch-size", "4", "--workers-per-device", "2"]
+    server = ServerProcess(args, log_path=tmp_path / "server.log").start()
+    image = sample_files["chelsea"].read_bytes()
     try:
-        with VisionClient(server.url) as client:
-            assert client.classify(sample_files["chelsea"]).top1.label in CAT_LABELS
         children = descendants_of(server.process.pid)
-        # HTTP server, 2 inference workers, multiprocessing manager, resource tracker
+        # HTTP servers, 2 inference workers, multiprocessing manager, resource tracker
         assert len(children) >= 4, [c.cmdline() for c in children]
-        server.process.send_signal(stop_signal)
+        with VisionClient(server.url) as client, ThreadPoolExecutor(8) as pool:
+            in_flight = [pool.submit(client.classify, image) for _ in range(8)]
+            time.sleep(0.3)
+            assert not all(f.done() for f in in_flight), "the requests finished before the signal"
+            if to_group:
+                os.killpg(server.process.pid, stop_signal)  # the server leads its own process group
+            else:
+                server.process.send_signal(stop_signal)
+            answers = [f.result(timeout=60) for f in in_flight]
         code = server.process.wait(timeout=60)
     finally:
         server.stop()
+    assert all(len(a.predictions) == 5 for a in answers)
     assert code == 0, server.log_tail()
     time.sleep(0.5)
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [f"{c.pid} {c.cmdline()}" for c in alive]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{server.url}/health", timeout=2)
 
 
 def test_worker_startup_failure_exits_nonzero_and_cleans_up(tmp_path) -> None:

@@ -221,11 +221,25 @@ def png_claiming_size(width: int, height: int) -> bytes:
         (b"hello, this is text", 415, "not an image"),
         (b"<html><body>nope</body></html>", 415, "not an image"),
         (b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj", 415, "not an image"),
-        (png_claiming_size(60000, 60000), 413, "pixels"),
+        (png_claiming_size(11000, 10000), 413, "more than the limit of 100,000,000"),  # our own check
+        (png_claiming_size(60000, 60000), 413, "Downscale it"),  # beyond Pillow's hard bomb limit too
+        (encode(sample_array("coffee")[:64, :64], "PPM"), 415, "not an image"),  # Pillow reads it; we do not
+        (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", 415, "not an image"),  # never to Ghostscript
         (b"\x89PNG\r\n\x1a\n", 400, "PNG image is corrupt"),
         (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00garbage after a JPEG header", 400, "corrupt"),
     ],
-    ids=["empty", "text", "html", "pdf", "png-bomb-header", "png-signature-only", "jpeg-header-then-garbage"],
+    ids=[
+        "empty",
+        "text",
+        "html",
+        "pdf",
+        "png-110mp-header",
+        "png-3600mp-header",
+        "ppm",
+        "eps",
+        "png-signature-only",
+        "jpeg-header-then-garbage",
+    ],
 )
 def test_bad_inputs_get_an_error_not_an_exception(payload: bytes, status: int, words: str) -> None:
     batch = run(RESNET, payload)
@@ -268,3 +282,36 @@ def test_spec_rejects_bad_values_with_a_fix() -> None:
     with pytest.raises(ValueError, match="interpolation"):
         PreprocessSpec(resize_size=256, crop_size=224, mean=(0, 0, 0), std=(1, 1, 1), interpolation="lanczos")
     assert PreprocessSpec.from_dict(RESNET.to_dict()) == RESNET
+
+
+def test_long_strips_resample_only_the_crop_region() -> None:
+    """A 1 x 30000 PNG is ~200 bytes; resized the plain way it would take ~6.4 GB."""
+    import resource
+
+    strip = np.tile(np.arange(256, dtype=np.uint8), 30000 // 256 + 1)[:30000].reshape(30000, 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    batch = run(RESNET, encode(strip, "PNG"))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert batch.errors == [None] and batch.images.shape == (1, 3, 224, 224)
+    assert grown_mib < 500
+
+
+def test_crop_region_resampling_stays_within_two_levels_of_the_exact_path() -> None:
+    strip = sample_array("rocket")[:400, :60]  # 6.7:1, past the 4:1 switch
+    exact = torchvision_reference(RESNET, encode(strip, "PNG"))
+    assert (run(RESNET, encode(strip, "PNG")).images[0] - exact).abs().max().item() <= 2 * ONE_LEVEL
+
+
+def test_multi_picture_jpeg_from_phones_uses_the_first_picture_and_draft() -> None:
+    big = Image.open(io.BytesIO(big_jpeg()))
+    second = Image.new("RGB", big.size, "blue")
+    buf = io.BytesIO()
+    big.save(buf, "MPO", save_all=True, append_images=[second], quality=90)
+    mpo = buf.getvalue()
+    assert Image.open(io.BytesIO(mpo)).format == "MPO"
+    exact = PilPreprocessor(RESNET, use_jpeg_draft=False)([mpo])
+    drafted = PilPreprocessor(RESNET, use_jpeg_draft=True)([mpo])
+    assert exact.errors == [None] and drafted.errors == [None]
+    reference = run(RESNET, encode(big, quality=90)).images
+    assert (exact.images - reference).abs().max().item() < 1e-5  # the first picture, not the blue one
+    assert 0 < (drafted.images - exact.images).abs().mean().item() < 0.02  # draft applied to MPO too

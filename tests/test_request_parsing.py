@@ -73,9 +73,13 @@ def test_json_base64_and_data_url(echo_client) -> None:
         ({"content": b"abc", "params": {"top_k": "1001"}}, 422, "top_k"),
         ({"content": b"abc", "params": {"top_k": "five"}}, 422, "top_k"),
         ({"json": {"image": "YWJj", "top_k": True}}, 422, "top_k"),
+        ({"content": b'{"image": "YWJj", "top_k": ' + b"9" * 5000 + b"}",
+          "headers": {"Content-Type": "application/json"}}, 400, "not valid JSON"),  # int too long to parse
+        ({"content": b"[" * 100_000 + b"]" * 100_000, "headers": {"Content-Type": "application/json"}}, 400,
+         "not valid JSON"),  # nesting past the recursion limit
     ],
     ids=["bad-json", "no-image-field", "bad-base64", "image-not-string", "empty-body", "top-k-0", "top-k-1001",
-         "top-k-word", "top-k-bool"],
+         "top-k-word", "top-k-bool", "huge-int", "deep-nesting"],
 )  # fmt: skip
 def test_malformed_requests_get_a_clear_4xx(echo_client, kwargs, status, words) -> None:
     r = echo_client.post("/predict", **kwargs)
@@ -87,6 +91,29 @@ def test_oversized_body_is_413(echo_client, monkeypatch) -> None:
     monkeypatch.setattr(_defaults, "MAX_BODY_BYTES", 1000)
     r = echo_client.post("/predict", content=b"x" * 1001)
     assert r.status_code == 413 and "1,000" in r.json()["detail"]
+    r = echo_client.post("/predict", files={"image": ("big.jpg", b"x" * 1001, "image/jpeg")})
+    assert r.status_code == 413
+
+
+def test_chunked_upload_is_cut_off_at_the_limit(echo_client, monkeypatch) -> None:
+    monkeypatch.setattr(_defaults, "MAX_BODY_BYTES", 1000)
+    sent = []
+
+    def chunks():  # a generator body goes out chunked, without Content-Length
+        for _ in range(100):
+            sent.append(1)
+            yield b"x" * 100
+
+    r = echo_client.post("/predict", content=chunks())
+    assert r.status_code == 413
+    ok = echo_client.post("/predict", content=(b"x" * 100 for _ in range(10)))
+    assert ok.status_code == 200 and ok.json()["n_bytes"] == 1000
+
+
+def test_base64_with_line_breaks_is_accepted(echo_client) -> None:
+    wrapped = base64.encodebytes(b"\x89PNG" + bytes(200)).decode()  # 76-column lines, like `base64`
+    assert "\n" in wrapped
+    assert echo_client.post("/predict", json={"image": wrapped}).json()["n_bytes"] == 204
 
 
 def test_top_k_parsing_edges() -> None:
@@ -133,7 +160,8 @@ def test_bad_env_value_is_named(env, words) -> None:
         (["--device", "cuda"], "asks for a GPU, but torch sees none"),
     ],
 )
-def test_cli_rejects_bad_settings_with_a_fix(argv, words, capsys) -> None:
+def test_cli_rejects_bad_settings_with_a_fix(argv, words, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)  # the same answer on a GPU machine
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2

@@ -1,0 +1,34 @@
+"""The CUDA path. Skipped where torch sees no GPU (our CI); run on a GPU machine with `pytest -m gpu`."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from compile.catalog import get_model_entry
+from preprocessing.pil_backend import PilPreprocessor
+from service.client import VisionClient
+from service.process import ServerProcess
+from tests.conftest import CAT_LABELS
+
+pytestmark = pytest.mark.gpu
+
+RESNET = get_model_entry("resnet152").preprocess
+
+
+def test_pil_batch_is_normalized_on_the_gpu_like_on_the_cpu(chelsea_jpeg: bytes, truncated_jpeg: bytes) -> None:
+    on_cpu = PilPreprocessor(RESNET, "cpu")([chelsea_jpeg, truncated_jpeg, chelsea_jpeg])
+    on_gpu = PilPreprocessor(RESNET, "cuda")([chelsea_jpeg, truncated_jpeg, chelsea_jpeg])
+    assert on_gpu.images.device.type == "cuda"
+    assert on_gpu.errors == on_cpu.errors
+    assert torch.allclose(on_gpu.images.cpu(), on_cpu.images, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) -> None:
+    args = ["--model", "efficientnet-lite0", "--device", "cuda:0"]
+    with ServerProcess(args, log_path=tmp_path / "server.log") as server, VisionClient(server.url) as client:
+        assert client.classify(chelsea_jpeg).top1.label in CAT_LABELS
+        assert client.classify(coffee_jpeg).top1.label == "espresso"
+        assert httpx.get(f"{server.url}/info").json()["server"]["devices"] == ["cuda:0"]
