@@ -130,9 +130,11 @@ def _load_file(entry: ModelEntry, path: Path) -> LoadedModel:
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        first_line = str(exc).splitlines()[1 if "\n" in str(exc) else 0].strip()
+        # PyTorch's message is a header line, then one line per kind of mismatch: keep the first kind.
+        lines = str(exc).splitlines()
+        mismatch = (lines[1] if len(lines) > 1 else lines[0]).strip()
         raise WeightsError(
-            f"{path} does not fit the {entry.name} architecture ({first_line[:300]}). "
+            f"{path} does not fit the {entry.name} architecture ({mismatch[:300]}). "
             f"Check --model matches the model the weights were trained for."
         ) from exc
     return LoadedModel(model, f"file:{path}", path)

@@ -88,7 +88,7 @@ class ClassifierAPI(ls.LitAPI):
         self.torch_device = torch_device
         self.preprocessor = create_preprocessor(self.settings.preprocess, self.model_entry.preprocess, torch_device)
         logger.info(
-            "Worker ready to load: model=%s weights=%s device=%s engine=%s",
+            "Model loaded: model=%s weights=%s device=%s engine=%s; warming up",
             self.model_entry.name,
             loaded.weights_source,
             torch_device,

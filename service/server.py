@@ -37,8 +37,13 @@ class WorkerStartupFailed(RuntimeError):
     """An inference worker's setup raised; its traceback is in the log above."""
 
 
-def resolve_device(device: str, cuda_count: int) -> tuple[str, int | str, dict[str, str]]:
-    """``--device`` -> (LitServer accelerator, devices, environment for the workers)."""
+def resolve_device(
+    device: str, cuda_count: int, visible_devices: str | None = None
+) -> tuple[str, int | str, dict[str, str]]:
+    """``--device`` -> (LitServer accelerator, devices, environment for the workers).
+
+    ``visible_devices`` is the CUDA_VISIBLE_DEVICES already in force: torch numbers GPUs within it.
+    """
     if device == "auto":
         device = "cuda" if cuda_count > 0 else "cpu"
     if device == "cpu":
@@ -51,6 +56,8 @@ def resolve_device(device: str, cuda_count: int) -> tuple[str, int | str, dict[s
     if not index.isdigit() or int(index) >= cuda_count:
         raise ValueError(f"--device {device}: there are {cuda_count} GPUs, so use cuda:0 .. cuda:{cuda_count - 1}.")
     # One chosen GPU: show the worker only that one, and it becomes its cuda:0.
+    if visible_devices:
+        index = [d.strip() for d in visible_devices.split(",")][int(index)]
     return "cuda", 1, {"CUDA_VISIBLE_DEVICES": index}
 
 
@@ -89,7 +96,9 @@ class VisionLitServer(ls.LitServer):
 
 def build_server(settings: ServeSettings) -> VisionLitServer:
     entry = get_model_entry(settings.model)  # fail fast on a bad name, before spawning workers
-    accelerator, devices, worker_env = resolve_device(settings.device, torch.cuda.device_count())
+    accelerator, devices, worker_env = resolve_device(
+        settings.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
     os.environ.update(worker_env)  # spawned workers inherit it
     worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
     preprocess, reason = resolve_backend(settings.preprocess, worker_device)

@@ -172,5 +172,8 @@ def test_resolve_device() -> None:
     assert resolve_device("auto", 0) == ("cpu", "auto", {})
     assert resolve_device("auto", 2) == ("cuda", 2, {})
     assert resolve_device("cuda:1", 2) == ("cuda", 1, {"CUDA_VISIBLE_DEVICES": "1"})
+    # Already restricted to GPUs 2 and 3: torch's cuda:1 is physical GPU 3.
+    assert resolve_device("cuda:1", 2, "2,3") == ("cuda", 1, {"CUDA_VISIBLE_DEVICES": "3"})
+    assert resolve_device("cuda:0", 2, "GPU-8a1f, GPU-77c2") == ("cuda", 1, {"CUDA_VISIBLE_DEVICES": "GPU-8a1f"})
     with pytest.raises(ValueError, match=r"cuda:0 \.\. cuda:1"):
         resolve_device("cuda:2", 2)
