@@ -81,6 +81,22 @@ async def classify_all(
         return await asyncio.gather(*(one(p) for p in images))
 
 
+def print_outcomes(
+    names: Sequence[str], outcomes: Sequence[Classification | Exception], *, json_lines: bool = False
+) -> int:
+    """Print a table (or a JSON line) per image; returns how many failed."""
+    failed = 0
+    for name, outcome in zip(names, outcomes, strict=True):
+        if json_lines:
+            print(as_json(name, outcome))
+        elif isinstance(outcome, Classification):
+            print(format_table(name, outcome) + "\n")
+        else:
+            print(f"{name}  ERROR: {describe_error(outcome)}\n")
+        failed += not isinstance(outcome, Classification)
+    return failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -89,15 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
     outcomes = asyncio.run(classify_all(args.images, args.url, args.top_k, args.concurrency, args.timeout))
-    failed = 0
-    for path, outcome in zip(args.images, outcomes, strict=True):
-        if args.json:
-            print(as_json(str(path), outcome))
-        elif isinstance(outcome, Classification):
-            print(format_table(str(path), outcome) + "\n")
-        else:
-            print(f"{path}  ERROR: {describe_error(outcome)}\n")
-        failed += not isinstance(outcome, Classification)
+    failed = print_outcomes([str(p) for p in args.images], outcomes, json_lines=args.json)
     return 1 if failed else 0
 
 

@@ -26,7 +26,7 @@ class Classification:
     model: str
     engine: str
     latency_ms: float  # as seen by the client, network included
-    batch_size: int | None  # how many requests the server's model call held
+    batch_size: int | None  # how many requests shared this one's batch on the server, failed ones included
 
     @property
     def top1(self) -> Prediction:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from compile.catalog import get_model_entry
 from compile.weights import torchvision_cache_file
-from service.classify_cli import classify_all, describe_error, format_table
-from service.client import Classification
+from service.classify_cli import classify_all, print_outcomes
 from service.process import ServerProcess, ServerStartError
 
 logger = logging.getLogger(__name__)
@@ -65,17 +64,6 @@ def pick_model(requested: str) -> tuple[str, str]:
     return "resnet152", "ImageNet weights downloaded into torchvision's cache"
 
 
-def print_results(paths: Sequence[Path], outcomes: Sequence[Classification | Exception]) -> int:
-    failures = 0
-    for path, outcome in zip(paths, outcomes, strict=True):
-        if isinstance(outcome, Classification):
-            print(format_table(path.name, outcome) + "\n")
-        else:
-            failures += 1
-            print(f"{path.name}  ERROR: {describe_error(outcome)}\n")
-    return failures
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="auto", help="auto (ResNet-152 if its weights are available) or a name")
@@ -97,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             print(f"vision-serve is ready at {server.url} after {time.perf_counter() - started:.1f} s.\n", flush=True)
             outcomes = asyncio.run(classify_all(images, server.url, top_k=5, concurrency=len(images), timeout=120))
-            failures = print_results(images, outcomes)
+            failures = print_outcomes([p.name for p in images], outcomes)
         finally:
             code = server.stop()
         print(f"Server stopped (exit code {code}).")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-import httpx
+from service.client import VisionClient
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +61,9 @@ class ServerProcess:
                 raise ServerStartError(
                     f"vision-serve exited with code {self.process.returncode} while starting:\n{self.log_tail()}"
                 )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+            with VisionClient(self.url, timeout=2.0) as client:
+                if client.is_ready():
                     return
-            except httpx.TransportError:
-                pass
             time.sleep(0.25)
         self.stop()
         raise ServerStartError(f"vision-serve was not ready after {timeout:.0f} s:\n{self.log_tail()}")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -82,6 +83,10 @@ def descendants_of(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
+def still_running(processes: Iterable[psutil.Process]) -> list[str]:
+    return [f"{p.pid} {p.cmdline()}" for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
 STOP_CASES = {
     "SIGTERM-to-main": (signal.SIGTERM, False),  # what an orchestrator sends
     "SIGINT-to-group": (signal.SIGINT, True),  # Ctrl-C in a terminal reaches every process of the group
@@ -113,8 +118,7 @@ def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_
     assert all(len(a.predictions) == 5 for a in answers)
     assert code == 0, server.log_tail()
     time.sleep(0.5)
-    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, [f"{c.pid} {c.cmdline()}" for c in alive]
+    assert not still_running(children)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)
 
@@ -137,5 +141,4 @@ def test_worker_startup_failure_exits_nonzero_and_cleans_up(tmp_path) -> None:
     assert proc.returncode == 1, output
     assert "Could not read" in output and "failed to start" in output
     assert seen, "the server never started its worker processes"
-    alive = [c for c in seen.values() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, [f"{c.pid} {c.cmdline()}" for c in alive]
+    assert not still_running(seen.values())
