@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import io
-import json
 import os
-import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -30,13 +26,12 @@ import httpx
 import torch
 from PIL import Image
 
+from benchmarks.common import machine_record, results_dir, write_results
 from compile.catalog import get_model_entry
 from compile.weights import load_model
 from preprocessing.pil_backend import PilPreprocessor
 from service._defaults import BATCH_TIMEOUT_MS
 from service.process import ServerProcess
-
-RESULTS_DIR = Path(__file__).parent / "results"
 
 
 def sample_jpeg() -> bytes:
@@ -170,24 +165,18 @@ def main() -> None:
     text = report(args.model, args.weights, local, remote) + f"\n  (server batch window {args.batch_timeout_ms:g} ms)"
     print(text)
 
-    machine = f"{socket.gethostname().split('.')[0]}-{os.cpu_count()}cpu"
-    out_dir = args.output_dir or RESULTS_DIR / f"{machine}-{datetime.date.today().isoformat()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "model": args.model,
         "weights": args.weights,
         "batch_timeout_ms": args.batch_timeout_ms,
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor(), "platform": platform.platform()},
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "machine": machine_record(),
         "in_process": local,
         "served": remote,
     }
     stem = f"serve_latency-{args.model}" + (
         "" if args.batch_timeout_ms == BATCH_TIMEOUT_MS else f"-window{args.batch_timeout_ms:g}ms"
     )
-    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=2))
-    (out_dir / f"{stem}.txt").write_text(text + "\n")
-    print(f"wrote {out_dir}")
+    write_results(results_dir(args.output_dir), stem, record, text)
 
 
 if __name__ == "__main__":

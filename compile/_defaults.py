@@ -13,3 +13,41 @@ IMAGENET_LABELS_SOURCE = "torchvision.models.ResNet152_Weights.DEFAULT.meta['cat
 # and evaluated on a 224 center crop of an image resized to 224 + 32 (the TF reference's crop_padding).
 EFFICIENTNET_LITE_MEAN = (127.0 / 255.0,) * 3
 EFFICIENTNET_LITE_STD = (128.0 / 255.0,) * 3
+
+# ---- compile-trt --------------------------------------------------------------------------------
+BACKENDS = ("auto", "tensorrt", "inductor", "eager")
+PRECISIONS = ("fp32", "fp16", "bf16")
+DEFAULT_BACKEND = "auto"  # tensorrt where torch_tensorrt imports and a GPU exists, else inductor
+DEFAULT_PRECISION = "fp32"
+DEFAULT_DEVICE = "auto"  # cuda:0 if torch sees a GPU, else cpu
+# MIN,OPT,MAX batch: TensorRT tunes its kernels for OPT and accepts MIN..MAX; the server's
+# default --max-batch-size is 32, so the default engine covers every batch it forms.
+DEFAULT_BATCH = (1, 8, 32)
+# Where artifacts go when --output is not given: artifacts/<model>-<backend>-<precision>-<device type>.
+DEFAULT_OUTPUT_ROOT = "artifacts"
+
+# TensorRT builder: scratch memory its tactics may use, and how hard it searches (0..5, TRT's own
+# default is 3; higher builds slower and sometimes runs faster).
+DEFAULT_TRT_WORKSPACE_GIB = 4.0
+DEFAULT_TRT_OPTIMIZATION_LEVEL = 3
+TRT_OPTIMIZATION_LEVELS = range(0, 6)
+
+# Accuracy gate, compiled vs eager fp32, per precision. Relative measures only: a random-init
+# ResNet-152 has logits in the hundreds, so absolute differences say nothing (measured: 77 between
+# eager and AOTInductor fp32 on one batch, with identical top-1).
+#   top1_agreement  share of inputs whose top-1 class is the same
+#   top5_overlap    mean share of the reference top-5 found in the compiled top-5
+#   cosine          smallest cosine similarity of a logit vector with its reference
+#   max_rel_error   largest |compiled - reference| / max|reference| over one logit vector
+GATE_THRESHOLDS = {
+    "fp32": {"top1_agreement": 1.0, "top5_overlap": 0.99, "cosine": 0.9999, "max_rel_error": 1e-3},
+    "fp16": {"top1_agreement": 0.95, "top5_overlap": 0.9, "cosine": 0.999, "max_rel_error": 0.05},
+    "bf16": {"top1_agreement": 0.9, "top5_overlap": 0.9, "cosine": 0.99, "max_rel_error": 0.1},
+}
+# Random inputs added to the real sample images, seeded so two compiles see the same ones.
+GATE_RANDOM_INPUTS = 16
+GATE_SEED = 0
+
+# Bumped when the artifact layout or manifest fields change incompatibly.
+MANIFEST_FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"

@@ -3,6 +3,8 @@
 
 from compile._defaults import DEFAULT_MODEL, DEFAULT_WEIGHTS
 
+# A compile-trt artifact directory; empty: serve the eager model named by MODEL and WEIGHTS.
+ARTIFACT = ""
 MODEL = DEFAULT_MODEL
 WEIGHTS = DEFAULT_WEIGHTS
 DEVICE = "auto"  # cuda if a GPU is visible, else cpu

@@ -25,15 +25,13 @@ from fastapi import Depends
 from fastapi.responses import JSONResponse
 from PIL import Image
 
-from compile.catalog import ModelEntry, get_model_entry
-from compile.weights import load_model
+from compile.catalog import ModelEntry
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
+from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager
 from service.request_parsing import ImageRequest, read_image_request
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
-
-ENGINE_EAGER = "torch-eager-fp32"
 
 
 @dataclass
@@ -63,6 +61,22 @@ def warmup_jpeg(width: int = 640, height: int = 480) -> bytes:
     return buf.getvalue()
 
 
+def warmup_batch_sizes(served: ServedModel, max_batch_size: int) -> list[int]:
+    """Batch sizes to run once before serving.
+
+    Eager: 1 and the largest. A compiled engine: also every power of two in between, because its
+    first call at a new shape still sets up kernels (oneDNN primitives on CPU, TensorRT contexts).
+    """
+    if served.engine_name == ENGINE_EAGER:
+        return sorted({1, max_batch_size})
+    sizes = {1, max_batch_size}
+    size = 2
+    while size < max_batch_size:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
 class ClassifierAPI(ls.LitAPI):
     def __init__(self, settings: ServeSettings) -> None:
         with warnings.catch_warnings():
@@ -82,25 +96,28 @@ class ClassifierAPI(ls.LitAPI):
         if torch_device.type == "cpu":
             # Workers of one machine share its cores; oversubscribing them only adds contention.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.settings.workers_per_device))
-        self.model_entry = get_model_entry(self.settings.model)
-        loaded = load_model(self.model_entry, self.settings.weights)
-        self.model = loaded.module.to(torch_device).to(memory_format=torch.channels_last)
+        if self.settings.artifact:
+            self.served = load_artifact(self.settings.artifact, torch_device)
+        else:
+            self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
+        self.model_entry = self.served.entry
+        self.engine = self.served.engine_name
         self.torch_device = torch_device
         self.preprocessor = create_preprocessor(self.settings.preprocess, self.model_entry.preprocess, torch_device)
         logger.info(
-            "Model loaded: model=%s weights=%s device=%s engine=%s; warming up",
+            "Model loaded: model=%s engine=%s device=%s, %s; warming up",
             self.model_entry.name,
-            loaded.weights_source,
-            torch_device,
             self.engine,
+            torch_device,
+            self.served.description,
         )
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """Run the full path at batch 1 and the largest batch, so first requests are not slow."""
+        """Run the full path at the batch sizes requests will form, so first requests are not slow."""
         started = time.perf_counter()
         sample = warmup_jpeg()
-        for size in sorted({1, self.settings.max_batch_size}):
+        for size in warmup_batch_sizes(self.served, self.settings.max_batch_size):
             results = self._classify(self.batch([ImageRequest(sample)] * size))
             if any(r.error for r in results):
                 raise RuntimeError(f"Warm-up failed: {results[0].error}")
@@ -133,7 +150,7 @@ class ClassifierAPI(ls.LitAPI):
         started = time.perf_counter()
         k = min(max(batch.top_k[i] for i in ok), self.model_entry.num_classes)
         with torch.inference_mode():
-            logits = self.model(prepared.images)
+            logits = self.served(prepared.images)
             # Softmax and top-k on the device: only k values per image cross back to the host.
             probabilities, indices = logits.float().softmax(dim=1).topk(k, dim=1)
             probabilities, indices = probabilities.cpu().tolist(), indices.cpu().tolist()

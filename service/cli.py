@@ -12,6 +12,8 @@ from pathlib import Path
 from service.settings import LOG_LEVELS, ServeSettings, env_overrides, env_var
 
 _HELP = {
+    "artifact": "a compile-trt artifact directory to serve; its manifest sets the model, weights, "
+    "preprocessing and labels",
     "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
     "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
     "device": "auto, cpu, cuda (every GPU) or cuda:N",
@@ -60,7 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from service.server import build_server, serve  # imports torch and litserve; keep --help fast
 
     try:
-        if settings.weights not in ("imagenet", "random") and not Path(settings.weights).expanduser().is_file():
+        if (
+            not settings.artifact
+            and settings.weights not in ("imagenet", "random")
+            and not Path(settings.weights).expanduser().is_file()
+        ):
             raise ValueError(
                 f"--weights {settings.weights!r}: no such file. Use imagenet, random, or a state_dict file path."
             )

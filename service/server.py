@@ -7,6 +7,7 @@ shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -20,8 +21,11 @@ import torch
 from litserve.utils import WorkerSetupStatus
 
 from compile.catalog import get_model_entry
+from compile.manifest import Manifest
 from preprocessing import resolve_backend
-from service.api import ENGINE_EAGER, ClassifierAPI
+from service import _defaults
+from service.api import ClassifierAPI
+from service.engine import ENGINE_EAGER, check_artifact
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -94,8 +98,64 @@ class VisionLitServer(ls.LitServer):
             time.sleep(0.05)
 
 
+def apply_artifact(settings: ServeSettings) -> tuple[ServeSettings, Manifest]:
+    """Settings adjusted to the artifact's manifest, which wins over flags; ``ValueError`` if they conflict."""
+    from compile.manifest import read_manifest
+
+    manifest = read_manifest(settings.artifact)
+    device = settings.device
+    if device == "auto":
+        device = manifest.device_type  # serve where it was compiled for
+    device_type = "cpu" if device == "cpu" else "cuda"
+    check_artifact(settings.artifact, device_type)
+    if settings.model not in (_defaults.MODEL, manifest.model):
+        raise ValueError(
+            f"--model {settings.model} conflicts with --artifact {settings.artifact}, which holds {manifest.model}. "
+            "Drop --model: the artifact decides the model."
+        )
+    if settings.weights != _defaults.WEIGHTS:
+        raise ValueError(
+            f"--weights has no effect with --artifact: the engine was compiled with {manifest.weights_source}. "
+            "Drop --weights, or compile a new artifact with compile-trt --weights."
+        )
+    max_batch_size = settings.max_batch_size
+    if max_batch_size > manifest.batch_max:
+        logger.warning(
+            "--max-batch-size %d is above the artifact's largest batch %d; using %d. Compile with "
+            "compile-trt --batch MIN,OPT,%d to batch more.",
+            max_batch_size,
+            manifest.batch_max,
+            manifest.batch_max,
+            max_batch_size,
+        )
+        max_batch_size = manifest.batch_max
+    adjusted = dataclasses.replace(settings, model=manifest.model, device=device, max_batch_size=max_batch_size)
+    return adjusted, manifest
+
+
+def artifact_metadata(directory: str, manifest: Manifest) -> dict:
+    return {
+        "directory": directory,
+        "backend": manifest.backend,
+        "precision": manifest.precision,
+        "batch": {"min": manifest.batch_min, "opt": manifest.batch_opt, "max": manifest.batch_max},
+        "device": {
+            "type": manifest.device_type,
+            "name": manifest.device_name,
+            "capability": manifest.device_capability,
+        },
+        "weights_sha256": manifest.weights_sha256,
+        "compiled_at": manifest.compiled_at,
+        "versions": manifest.versions,
+        "validation": manifest.validation.get("metrics", {}),
+        "cache_key": manifest.cache_key,
+    }
+
+
 def build_server(settings: ServeSettings) -> VisionLitServer:
-    entry = get_model_entry(settings.model)  # fail fast on a bad name, before spawning workers
+    manifest = None
+    if settings.artifact:
+        settings, manifest = apply_artifact(settings)
     accelerator, devices, worker_env = resolve_device(
         settings.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
     )
@@ -103,18 +163,27 @@ def build_server(settings: ServeSettings) -> VisionLitServer:
     worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
     preprocess, reason = resolve_backend(settings.preprocess, worker_device)
     logger.info("Preprocessing: %s (%s)", preprocess, reason)
+    if manifest is not None:
+        spec, labels_source = manifest.preprocess, manifest.labels_source
+        weights, engine = manifest.weights_source, manifest.engine_name
+    else:
+        entry = get_model_entry(settings.model)  # fail fast on a bad name, before spawning workers
+        spec, labels_source = entry.preprocess, entry.labels_source
+        weights, engine = settings.weights, ENGINE_EAGER
     metadata = {
-        "model": entry.name,
-        "weights": settings.weights,
-        "engine": ENGINE_EAGER,
+        "model": settings.model,
+        "weights": weights,
+        "engine": engine,
         "preprocess": preprocess,
         "preprocess_reason": reason,
-        "preprocess_spec": entry.preprocess.to_dict(),
-        "labels_source": entry.labels_source,
+        "preprocess_spec": spec.to_dict(),
+        "labels_source": labels_source,
         "device": settings.device,
         "max_batch_size": settings.max_batch_size,
         "batch_timeout_ms": settings.batch_timeout_ms,
     }
+    if manifest is not None:
+        metadata["artifact"] = artifact_metadata(settings.artifact, manifest)
     return VisionLitServer(
         ClassifierAPI(settings),
         accelerator=accelerator,

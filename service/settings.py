@@ -14,6 +14,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 @dataclass(frozen=True)
 class ServeSettings:
+    artifact: str = _defaults.ARTIFACT
     model: str = _defaults.MODEL
     weights: str = _defaults.WEIGHTS
     device: str = _defaults.DEVICE

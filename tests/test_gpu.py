@@ -32,3 +32,31 @@ def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) ->
         assert client.classify(chelsea_jpeg).top1.label in CAT_LABELS
         assert client.classify(coffee_jpeg).top1.label == "espresso"
         assert httpx.get(f"{server.url}/info").json()["server"]["devices"] == ["cuda:0"]
+
+
+def compile_and_serve(tmp_path, chelsea_jpeg: bytes, backend: str, precision: str) -> None:
+    from compile.cli import main as compile_main
+
+    artifact = tmp_path / f"lite0-{backend}-{precision}"
+    args = ["--model", "efficientnet-lite0", "--device", "cuda:0", "--backend", backend, "--precision", precision]
+    assert compile_main([*args, "--output", str(artifact)]) == 0
+    with ServerProcess(["--artifact", str(artifact)], log_path=tmp_path / "server.log") as server:
+        with VisionClient(server.url) as client:
+            result = client.classify(chelsea_jpeg)
+        info = httpx.get(f"{server.url}/info").json()["model"]
+    assert result.top1.label in CAT_LABELS and result.engine == f"{backend}-{precision}"
+    assert info["artifact"]["device"]["type"] == "cuda"
+
+
+@pytest.mark.slow
+def test_inductor_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, chelsea_jpeg: bytes) -> None:
+    compile_and_serve(tmp_path, chelsea_jpeg, "inductor", "fp16")
+
+
+@pytest.mark.slow
+def test_tensorrt_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, chelsea_jpeg: bytes) -> None:
+    from compile.features import torch_tensorrt_status
+
+    if not torch_tensorrt_status()[0]:
+        pytest.skip("torch_tensorrt is not installed (it ships in the Dockerfile.gpu image)")
+    compile_and_serve(tmp_path, chelsea_jpeg, "tensorrt", "fp16")

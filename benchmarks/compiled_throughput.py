@@ -1,0 +1,125 @@
+"""Model-only throughput of compiled artifacts next to the eager model, at several batch sizes.
+
+    compile-trt --model resnet152 --weights random --output /tmp/r152-fp32
+    compile-trt --model resnet152 --weights random --precision bf16 --output /tmp/r152-bf16
+    python -m benchmarks.compiled_throughput --model resnet152 --weights random \\
+        --eager fp32,bf16 --artifacts /tmp/r152-fp32 /tmp/r152-bf16 --batches 1,8,32
+
+Engines take turns within each batch size (round-robin over repeats), so slow drift of a shared
+machine hits all of them alike; medians are reported, with ratios to eager fp32 from the same run.
+No preprocessing, no HTTP: a fixed float32 channels_last batch already on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import machine_record, results_dir, write_results
+from compile.backends import PRECISION_DTYPES, PrecisionCast
+from compile.catalog import get_model_entry
+from compile.manifest import read_manifest
+from compile.weights import load_model
+from service.engine import load_artifact
+
+
+def eager_engine(model: torch.nn.Module, precision: str, device: torch.device) -> Callable:
+    return PrecisionCast(model, PRECISION_DTYPES[precision]).eval().to(device).to(memory_format=torch.channels_last)
+
+
+def timed(engine: Callable, images: torch.Tensor, device: torch.device) -> float:
+    started = time.perf_counter()
+    with torch.inference_mode():
+        engine(images)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def measure(engines: dict[str, Callable], batches: list[int], crop: int, device: torch.device, repeats: int) -> dict:
+    results: dict[str, dict[int, float]] = {name: {} for name in engines}
+    for batch in batches:
+        images = torch.randn(batch, 3, crop, crop, device=device).contiguous(memory_format=torch.channels_last)
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        for engine in engines.values():
+            for _ in range(2):  # first calls at a new shape set up kernels
+                timed(engine, images, device)
+        for _ in range(repeats):
+            for name, engine in engines.items():
+                times[name].append(timed(engine, images, device))
+        for name in engines:
+            results[name][batch] = batch / statistics.median(times[name])
+    return results
+
+
+def report(title: str, results: dict[str, dict[int, float]], baseline: str) -> str:
+    batches = sorted(next(iter(results.values())))
+    width = max(len(name) for name in results)
+    lines = [title, f"  {'engine':<{width}}  " + "  ".join(f"{'batch ' + str(b):>18}" for b in batches)]
+    for name, per_batch in results.items():
+        cells = []
+        for b in batches:
+            ratio = per_batch[b] / results[baseline][b] if baseline in results else float("nan")
+            cells.append(f"{per_batch[b]:8.1f} img/s {ratio:4.2f}x")
+        lines.append(f"  {name:<{width}}  " + "  ".join(f"{c:>18}" for c in cells))
+    lines.append(f"  (img/s, median; ratio to {baseline} in the same run)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet152")
+    parser.add_argument("--weights", default="random", help="random is fine for speed")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--eager", default="fp32", help="eager precisions to include, e.g. fp32,bf16")
+    parser.add_argument("--artifacts", nargs="*", type=Path, default=[], help="compile-trt artifact directories")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output-dir", type=Path, default=None)
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    entry = get_model_entry(args.model)
+    model = load_model(entry, args.weights).module
+    engines: dict[str, Callable] = {}
+    for precision in filter(None, args.eager.split(",")):
+        engines[f"eager-{precision}"] = eager_engine(
+            model if precision == "fp32" else load_model(entry, args.weights).module, precision, device
+        )
+    manifests = {}
+    for directory in args.artifacts:
+        manifest = read_manifest(directory)
+        if manifest.model != entry.name:
+            parser.error(f"{directory} holds {manifest.model}, not {entry.name}")
+        served = load_artifact(directory, device)
+        engines[manifest.engine_name] = served.run
+        manifests[manifest.engine_name] = {
+            "directory": str(directory),
+            "compile_seconds": manifest.compile_seconds,
+            "batch": [manifest.batch_min, manifest.batch_opt, manifest.batch_max],
+            "validation": manifest.validation.get("metrics", {}),
+        }
+    batches = [int(b) for b in args.batches.split(",")]
+    results = measure(engines, batches, entry.preprocess.crop_size, device, args.repeats)
+    title = f"{entry.name} ({args.weights} weights), model only, on {device}"
+    text = report(title, results, "eager-fp32")
+    print(text)
+    record = {
+        "model": entry.name,
+        "weights": args.weights,
+        "device": str(device),
+        "machine": machine_record(device),
+        "repeats": args.repeats,
+        "images_per_second": {name: {str(b): v for b, v in r.items()} for name, r in results.items()},
+        "artifacts": manifests,
+    }
+    write_results(results_dir(args.output_dir, device), f"compiled_throughput-{entry.name}-{device.type}", record, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The interface every compile backend implements, and the pieces they share.
+
+Every engine has the same contract, whatever built it: float32 NCHW images in, float32 logits out,
+any batch size in the artifact's MIN..MAX. Lower precisions cast inside the graph (PrecisionCast),
+so the server and the preprocessing never change with the precision.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compile.manifest import Manifest
+from compile.settings import CompileSettings
+
+PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# What an engine is to the server: a callable from a float32 batch to float32 logits.
+EngineCallable = Callable[[torch.Tensor], torch.Tensor]
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (library missing, wrong device); the message says where it can."""
+
+
+class PrecisionCast(nn.Module):
+    """Runs ``model`` in ``dtype`` behind a float32 interface: cast in, compute, cast logits back."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model = model.to(dtype)
+        self.dtype = dtype
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images.to(self.dtype)).float()
+
+
+def example_batch(size: int, crop_size: int, device: torch.device) -> torch.Tensor:
+    """A float32 channels_last batch shaped like what the server feeds the engine."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(size, 3, crop_size, crop_size, generator=generator)
+    return images.to(device).contiguous(memory_format=torch.channels_last)
+
+
+def export_dynamic_batch(module: nn.Module, example: torch.Tensor, batch: tuple[int, int, int]):
+    """``torch.export`` with the batch dimension dynamic over MIN..MAX (static when MIN == MAX)."""
+    low, _, high = batch
+    if low == high:
+        return torch.export.export(module, (example,), strict=False)
+    # Export specializes a dimension seen with size 1, so the example batch must be >= 2.
+    batch_dim = torch.export.Dim("batch", min=low, max=high)
+    return torch.export.export(module, (example,), dynamic_shapes=({0: batch_dim},), strict=False)
+
+
+def export_example_size(batch: tuple[int, int, int]) -> int:
+    low, opt, high = batch
+    if low == high:
+        return low
+    return max(2, min(opt, high))
+
+
+class CompileBackend(ABC):
+    """One way of turning a model into an engine file, and of loading that file to serve it."""
+
+    name: str
+    engine_file: str  # the file name inside the artifact directory
+    # Libraries whose major.minor must be the same at load time as at compile time.
+    runtime_libraries: tuple[str, ...] = ("torch",)
+
+    def check_available(self, device: torch.device) -> None:  # noqa: B027 - most backends run anywhere
+        """Raise ``BackendUnavailable`` if this backend cannot compile for ``device`` here."""
+
+    def extra_versions(self) -> tuple[str, ...]:
+        """Packages (beyond torch/torchvision) whose versions go into the manifest and cache key."""
+        return ()
+
+    @abstractmethod
+    def build(
+        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+    ) -> None:
+        """Compile ``model`` (float32 interface, on ``device``, eval mode) into the file ``path``."""
+
+    @abstractmethod
+    def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:
+        """The engine stored at ``path``, ready to run on ``device``."""

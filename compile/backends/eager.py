@@ -1,0 +1,38 @@
+"""Eager PyTorch at the chosen precision: no compilation, the baseline every other engine is gated against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compile.backends.base import PRECISION_DTYPES, CompileBackend, EngineCallable, PrecisionCast
+from compile.catalog import get_model_entry
+from compile.manifest import Manifest
+from compile.settings import CompileSettings
+
+
+class EagerBackend(CompileBackend):
+    name = "eager"
+    engine_file = "state_dict.pt"
+    runtime_libraries = ("torch", "torchvision")
+
+    def build(
+        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+    ) -> None:
+        # The weights at their final precision; the architecture comes back from the catalog at load.
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, path)
+
+    def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:
+        from compile.weights import build_architecture
+
+        model = PrecisionCast(build_architecture(get_model_entry(manifest.model)), PRECISION_DTYPES[manifest.precision])
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        model = model.eval().to(device).to(memory_format=torch.channels_last)
+
+        def run(images: torch.Tensor) -> torch.Tensor:
+            with torch.inference_mode():
+                return model(images)
+
+        return run

@@ -1,0 +1,135 @@
+"""Torch-TensorRT (dynamo frontend): an ExportedProgram whose subgraphs run as TensorRT engines.
+
+Written against the documented torch_tensorrt API of the release that matches our torch (2.14; the
+``save(..., dynamic_shapes=...)`` form exists from 2.11). TensorRT cannot be installed on the
+machines this project is developed on, so only the argument-building below is tested here; the
+calls into torch_tensorrt run in the GPU image (Dockerfile.gpu).
+
+Precision is carried by the graph (PrecisionCast casts to fp16/bf16 inside it): torch_tensorrt
+2.10+ type the network explicitly from the graph's dtypes, and 2.13 removed ``enabled_precisions``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from compile import features
+from compile.backends.base import (
+    BackendUnavailable,
+    CompileBackend,
+    EngineCallable,
+    example_batch,
+    export_dynamic_batch,
+    export_example_size,
+)
+from compile.manifest import Manifest
+from compile.settings import CompileSettings
+
+INPUT_NAME = "images"
+MIN_TORCH_TENSORRT = (2, 11)  # first release whose save() takes dynamic_shapes
+
+
+def tensorrt_input_spec(batch: tuple[int, int, int], crop_size: int) -> dict[str, Any]:
+    """Keyword arguments of ``torch_tensorrt.Input``: the dynamic batch range of the image input."""
+    low, opt, high = batch
+    shape = (3, crop_size, crop_size)
+    return {
+        "min_shape": (low, *shape),
+        "opt_shape": (opt, *shape),
+        "max_shape": (high, *shape),
+        "dtype": torch.float32,  # the engine's interface is float32 at every precision
+        "name": INPUT_NAME,
+    }
+
+
+def tensorrt_compile_kwargs(settings: CompileSettings, device: torch.device) -> dict[str, Any]:
+    """Keyword arguments of ``torch_tensorrt.dynamo.compile`` for ``settings`` (``arg_inputs`` aside).
+
+    Pure: no torch_tensorrt import, so it is unit-tested on machines without TensorRT.
+    """
+    if device.type != "cuda":
+        raise BackendUnavailable(f"TensorRT compiles for a CUDA device, not {device}. Use --backend inductor on CPU.")
+    return {
+        "device": device,
+        "workspace_size": int(settings.workspace_gib * (1 << 30)),
+        "optimization_level": settings.optimization_level,
+        # Convert every supported op, even a lone one: fewer PyTorch <-> TensorRT boundaries.
+        "min_block_size": 1,
+        # ResNet-152 converts fully; a model that does not still runs, with PyTorch in between.
+        "require_full_compilation": False,
+        # Engines are tied to this GPU model and this TensorRT version (the manifest records both
+        # and the server checks them), which lets TensorRT use every tactic it has.
+        "hardware_compatible": False,
+        "version_compatible": False,
+        # The artifact directory is our cache; torch_tensorrt's own engine cache would duplicate it.
+        "cache_built_engines": False,
+        "reuse_cached_engines": False,
+        "truncate_double": True,
+    }
+
+
+def tensorrt_save_kwargs(batch: tuple[int, int, int], example: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments of ``torch_tensorrt.save`` that keep the batch dimension dynamic in the file."""
+    low, _, high = batch
+    kwargs: dict[str, Any] = {"output_format": "exported_program", "arg_inputs": [example]}
+    if low != high:
+        kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch", min=low, max=high)},)
+    return kwargs
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    major, minor = [*text.split("+")[0].split("."), "0"][:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+class TensorRTBackend(CompileBackend):
+    name = "tensorrt"
+    engine_file = "model.ep"
+    runtime_libraries = ("torch", "torch_tensorrt", "tensorrt")
+
+    def check_available(self, device: torch.device) -> None:
+        importable, reason = features.torch_tensorrt_status()
+        if not importable:
+            raise BackendUnavailable(reason)
+        if device.type != "cuda":
+            raise BackendUnavailable(f"TensorRT compiles for a CUDA device, not {device}. Use --backend inductor.")
+        version = features.package_version("torch_tensorrt") or "0.0"
+        if parse_version(version) < MIN_TORCH_TENSORRT:
+            raise BackendUnavailable(
+                f"torch_tensorrt {version} is older than {'.'.join(map(str, MIN_TORCH_TENSORRT))}, the first "
+                "release whose save() keeps a dynamic batch. Use the image from Dockerfile.gpu."
+            )
+
+    def extra_versions(self) -> tuple[str, ...]:
+        return ("torch_tensorrt", "tensorrt")
+
+    def build(
+        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+    ) -> None:
+        torch_tensorrt = importlib.import_module("torch_tensorrt")
+        example = example_batch(export_example_size(settings.batch), crop_size, device)
+        exported = export_dynamic_batch(model, example, settings.batch)
+        compiled = torch_tensorrt.dynamo.compile(
+            exported,
+            arg_inputs=[torch_tensorrt.Input(**tensorrt_input_spec(settings.batch, crop_size))],
+            **tensorrt_compile_kwargs(settings, device),
+        )
+        torch_tensorrt.save(compiled, str(path), **tensorrt_save_kwargs(settings.batch, example))
+
+    def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:
+        # The import registers torch.ops.tensorrt.execute_engine, which the saved graph calls.
+        torch_tensorrt = importlib.import_module("torch_tensorrt")
+        # No .to(device): the TensorRT engines inside are bound to the GPU they were built on, which
+        # the server checked is this one (same architecture; CUDA_VISIBLE_DEVICES maps it to cuda:0).
+        module = torch_tensorrt.load(str(path)).module()
+
+        def run(images: torch.Tensor) -> torch.Tensor:
+            with torch.inference_mode():
+                return module(images)
+
+        return run

@@ -1,0 +1,126 @@
+"""`compile-trt`: compile a catalog model into a served artifact (engine file + manifest.json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+
+from compile import _defaults
+from compile.settings import CompileSettings, parse_batch
+
+EXIT_GATE_FAILED = 3
+EXIT_UNAVAILABLE = 4
+
+_HELP = {
+    "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
+    "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
+    "backend": "auto (tensorrt where torch_tensorrt imports and a GPU exists, else inductor), tensorrt, "
+    "inductor (torch.export + AOTInductor) or eager",
+    "precision": "fp32, fp16 or bf16 (bf16 uses the AVX-512 bf16 units on CPU)",
+    "batch": "MIN,OPT,MAX batch sizes the engine accepts (OPT: what TensorRT tunes for); one number: static",
+    "device": "auto, cpu, cuda or cuda:N",
+    "output": "artifact directory (default: artifacts/<model>-<backend>-<precision>-<device type>)",
+    "workspace_gib": "TensorRT builder workspace in GiB",
+    "optimization_level": "TensorRT builder optimization level, 0..5",
+    "gate_images": "folder of images for the accuracy gate (default: scikit-image's sample photos)",
+    "gate_min_top1_agreement": "override the gate's minimum top-1 agreement (0..1)",
+    "gate_min_top5_overlap": "override the gate's minimum top-5 overlap (0..1)",
+    "gate_min_cosine": "override the gate's minimum cosine similarity of logits (0..1)",
+    "gate_max_rel_error": "override the gate's maximum relative logit error",
+    "force": "recompile even if --output already holds this exact engine",
+    "log_level": "logging level",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compile-trt",
+        description="Compile an image classifier into an engine artifact that `vision-serve --artifact DIR` serves.",
+        epilog="Gate thresholds per precision: " + "; ".join(f"{p}: {t}" for p, t in _defaults.GATE_THRESHOLDS.items()),
+    )
+    for f in fields(CompileSettings):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        help_text = _HELP[f.name]
+        if f.name == "force":
+            parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if f.name == "batch":
+            kwargs = {"type": parse_batch_arg, "metavar": "MIN,OPT,MAX"}
+            default = ",".join(map(str, default))
+        elif f.name in ("backend", "precision"):
+            kwargs = {"choices": _defaults.BACKENDS if f.name == "backend" else _defaults.PRECISIONS}
+        elif f.name == "log_level":
+            kwargs = {"choices": ("debug", "info", "warning", "error")}
+        elif f.name.startswith("gate_m"):
+            kwargs = {"type": float, "metavar": "X"}
+            default = "per precision"
+        else:
+            kwargs = {"type": type(f.default), "metavar": f.name.upper()}
+        parser.add_argument(flag, default=None, help=f"{help_text} (default: {default})", **kwargs)
+    return parser
+
+
+def parse_batch_arg(text: str) -> tuple[int, int, int]:
+    try:
+        return parse_batch(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def settings_from_args(args: argparse.Namespace) -> CompileSettings:
+    values = {k: v for k, v in vars(args).items() if v is not None}
+    if not values.get("force"):
+        values.pop("force", None)
+    return CompileSettings(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # Heavy imports (torch, torchvision) after argument checks, so --help and usage errors are fast.
+    from compile.backends import BackendUnavailable
+    from compile.build import GateFailed, compile_artifact
+    from compile.progress import Progress
+    from compile.weights import WeightsError
+
+    try:
+        result = compile_artifact(settings, Progress())
+    except GateFailed as exc:
+        print(f"compile-trt: accuracy gate FAILED, no artifact written:\n{exc.report.summary()}", file=sys.stderr)
+        return EXIT_GATE_FAILED
+    except BackendUnavailable as exc:
+        print(f"compile-trt: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (ValueError, WeightsError) as exc:
+        parser.error(str(exc))
+    manifest = result.manifest
+    state = "up to date (cache hit)" if result.cached else f"compiled in {manifest.compile_seconds:.1f} s"
+    print(f"{result.directory}: {manifest.model} {manifest.engine_name} on {manifest.device_type}, {state}")
+    print(f"accuracy gate passed:\n{_summary(manifest.validation)}")
+    print(f"serve it: vision-serve --artifact {result.directory}")
+    return 0
+
+
+def _summary(validation: dict) -> str:
+    lines = [f"  {name:<22} {value:.6g}" for name, value in validation.get("metrics", {}).items()]
+    lines += [
+        f"  {item['name']:<22} eager: {item['reference']!r}  compiled: {item['compiled']!r}"
+        for item in validation.get("real_images", [])
+    ]
+    return "\n".join(lines) or json.dumps(validation)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Can this machine serve an artifact? Device type, device capability, and library versions."""
+
+from __future__ import annotations
+
+from compile.backends import BACKENDS
+from compile.features import TENSORRT_HOME, cpu_capability_runs_here
+from compile.manifest import Manifest
+
+
+def major_minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[str]:
+    """Libraries the engine needs at the major.minor it was compiled with, and where they differ."""
+    backend = BACKENDS.get(manifest.backend)
+    if backend is None:
+        return [f"the artifact's backend {manifest.backend!r} is unknown to this vision-serve; recompile it."]
+    problems = []
+    for library in backend.runtime_libraries:
+        built = manifest.versions.get(library)
+        here = versions_here.get(library)
+        if built is None:
+            continue
+        if here is None:
+            hint = f" {TENSORRT_HOME}" if library in ("torch_tensorrt", "tensorrt") else ""
+            problems.append(f"it needs {library} {built}, which is not installed here.{hint}")
+        elif major_minor(built) != major_minor(here):
+            problems.append(
+                f"it was compiled with {library} {built} and this environment has {here}; "
+                f"{manifest.backend} engines only load under the same {library} {major_minor(built)}.x. "
+                "Recompile it here with compile-trt."
+            )
+    return problems
+
+
+def device_problems(manifest: Manifest, device_type: str, device_info: dict[str, str] | None = None) -> list[str]:
+    """Problems serving ``manifest`` on a ``device_type`` device (described by ``device_info`` if known)."""
+    if manifest.device_type != device_type:
+        return [
+            f"it was compiled for {manifest.device_type} and the server runs on {device_type}. "
+            f"Serve it with --device {manifest.device_type} (or auto), or compile one for {device_type} "
+            f"with compile-trt --device {device_type}."
+        ]
+    if device_info is None:
+        return []
+    built, here = manifest.device_capability, device_info.get("capability", "")
+    if device_type == "cpu" and not cpu_capability_runs_here(built, here):
+        return [f"its CPU code uses {built} instructions and this CPU offers {here}. Recompile it on this machine."]
+    if device_type == "cuda" and built != here:
+        return [
+            f"it was compiled for {manifest.device_name} ({built}) and this GPU is {device_info.get('name')} "
+            f"({here}); GPU engines are built for one architecture. Recompile it on this GPU."
+        ]
+    return []
+
+
+def describe_problems(directory: str, problems: list[str]) -> str:
+    return f"Cannot serve the artifact {directory}: " + " ".join(problems)

@@ -1,0 +1,83 @@
+"""Feature detection in one place: which optional libraries import, their versions, what a device is."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import platform
+from pathlib import Path
+
+import torch
+
+# The only place that says where TensorRT exists: our machines' package registry has no TensorRT
+# libraries, the NGC PyTorch image does.
+TENSORRT_HOME = (
+    "torch_tensorrt is not installed here. It ships in the NGC PyTorch image: build the GPU image with "
+    "`docker build -f Dockerfile.gpu -t vision-serve-gpu .` and run compile-trt inside it, "
+    "or use --backend inductor (works everywhere)."
+)
+
+
+@functools.cache
+def torch_tensorrt_status() -> tuple[bool, str]:
+    """(importable, why not) for torch_tensorrt. Importing it also registers its ops for loading."""
+    try:
+        importlib.import_module("torch_tensorrt")
+    except Exception as exc:  # ImportError, or a broken CUDA/TensorRT install raising anything
+        return False, f"{TENSORRT_HOME} (import failed: {type(exc).__name__}: {exc})"
+    return True, "torch_tensorrt imports"
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Versions of the libraries an artifact depends on (those installed among ``extra`` too)."""
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("torchvision", *extra):
+        version = package_version(name)
+        if version is not None:
+            versions[name] = version
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    return versions
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_device(device: torch.device) -> dict[str, str]:
+    """What an engine compiled for ``device`` is tied to: the type, a name, and the capability.
+
+    CPU code from AOTInductor uses the vector ISA of the build machine (AVX512 here); GPU code
+    (TensorRT engines, Triton kernels) is built for one compute capability.
+    """
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return {"type": "cuda", "name": torch.cuda.get_device_name(index), "capability": f"sm_{major}{minor}"}
+    return {"type": "cpu", "name": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+# torch's CPU capabilities from least to most: code built for one runs where a later one is reported.
+CPU_CAPABILITY_ORDER = ("DEFAULT", "AVX2", "AVX512")
+
+
+def cpu_capability_runs_here(built_for: str, here: str) -> bool:
+    if built_for == here:
+        return True
+    if built_for in CPU_CAPABILITY_ORDER and here in CPU_CAPABILITY_ORDER:
+        return CPU_CAPABILITY_ORDER.index(built_for) <= CPU_CAPABILITY_ORDER.index(here)
+    return False

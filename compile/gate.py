@@ -1,0 +1,201 @@
+"""The accuracy gate: a compiled engine must agree with the eager fp32 model before it is saved.
+
+Inputs are real photos (scikit-image's samples, or a folder given with --gate-images) plus seeded
+random tensors, run through the engine at the artifact's MIN, OPT and MAX batch sizes so that the
+dynamic batch dimension is exercised too. Measures are relative (see _defaults.GATE_THRESHOLDS).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from compile.backends.base import EngineCallable
+from compile.catalog import ModelEntry
+from preprocessing.pil_backend import PilPreprocessor
+
+logger = logging.getLogger(__name__)
+
+SKIMAGE_SAMPLES = ("chelsea", "coffee", "astronaut", "rocket")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# Bounds how long the gate takes with a big --gate-images folder.
+MAX_GATE_IMAGES = 64
+HIGHER_IS_BETTER = {"top1_agreement": True, "top5_overlap": True, "cosine": True, "max_rel_error": False}
+
+
+@dataclass
+class GateInputs:
+    images: torch.Tensor  # float32 NCHW, normalized, on the CPU
+    names: list[str]  # one per row: an image name, or "random-<i>"
+    real_count: int
+
+
+@dataclass
+class GateReport:
+    metrics: dict[str, float]
+    thresholds: dict[str, float]
+    failures: list[str]
+    real_images: list[dict[str, Any]] = field(default_factory=list)  # per photo: reference vs compiled top-1
+    samples: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+    def summary(self) -> str:
+        lines = []
+        for name, value in self.metrics.items():
+            threshold = self.thresholds.get(name)
+            if threshold is None:
+                lines.append(f"  {name:<22} {value:.6g}")
+                continue
+            relation = ">=" if HIGHER_IS_BETTER[name] else "<="
+            verdict = "FAIL" if any(f.startswith(name) for f in self.failures) else "ok"
+            lines.append(f"  {name:<22} {value:.6g}  (needs {relation} {threshold:g})  {verdict}")
+        for item in self.real_images:
+            lines.append(f"  {item['name']:<22} eager: {item['reference']!r}  compiled: {item['compiled']!r}")
+        return "\n".join(lines)
+
+
+def sample_photos(folder: str = "") -> list[tuple[str, bytes]]:
+    """(name, encoded bytes) of the gate's real photos; empty if none are available."""
+    if folder:
+        root = Path(folder).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"--gate-images {folder!r} is not a directory of images.")
+        paths = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:MAX_GATE_IMAGES]
+        if not paths:
+            raise ValueError(f"--gate-images {folder!r} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
+        return [(p.name, p.read_bytes()) for p in paths]
+    try:
+        from PIL import Image
+        from skimage import data
+    except ImportError:
+        logger.warning(
+            "scikit-image is not installed, so the accuracy gate uses random inputs only. "
+            "Install vision-serve[demo] or pass --gate-images DIR for real photos."
+        )
+        return []
+    photos = []
+    for name in SKIMAGE_SAMPLES:
+        buf = io.BytesIO()
+        Image.fromarray(getattr(data, name)()).convert("RGB").save(buf, format="PNG")
+        photos.append((name, buf.getvalue()))
+    return photos
+
+
+def gate_inputs(entry: ModelEntry, photos: list[tuple[str, bytes]], random_count: int, seed: int) -> GateInputs:
+    """The photos preprocessed exactly as the server will, followed by seeded random tensors."""
+    crop = entry.preprocess.crop_size
+    parts, names = [], []
+    if photos:
+        prepared = PilPreprocessor(entry.preprocess, "cpu", num_threads=1)([data for _, data in photos])
+        bad = [photos[i][0] for i, error in enumerate(prepared.errors) if error is not None]
+        if bad:
+            raise ValueError(f"Gate images that do not decode: {', '.join(bad)}. Remove them from --gate-images.")
+        parts.append(prepared.images.float().contiguous())
+        names.extend(name for name, _ in photos)
+    generator = torch.Generator().manual_seed(seed)
+    parts.append(torch.randn(random_count, 3, crop, crop, generator=generator))
+    names.extend(f"random-{i}" for i in range(random_count))
+    return GateInputs(torch.cat(parts), names, len(photos))
+
+
+def compare_logits(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """Agreement of two [N, classes] logit matrices; ``reference`` is the eager fp32 one."""
+    compiled, reference = compiled.double(), reference.double()
+    k = min(5, reference.shape[1])
+    top_ref, top_out = reference.topk(k, dim=1).indices, compiled.topk(k, dim=1).indices
+    overlap = [len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top_ref, top_out, strict=True)]
+    scale = reference.abs().amax(dim=1).clamp_min(1e-12)
+    return {
+        "top1_agreement": (compiled.argmax(1) == reference.argmax(1)).double().mean().item(),
+        "top5_overlap": sum(overlap) / len(overlap),
+        "cosine": F.cosine_similarity(compiled, reference, dim=1).min().item(),
+        "max_rel_error": ((compiled - reference).abs().amax(dim=1) / scale).max().item(),
+    }
+
+
+def threshold_failures(metrics: dict[str, float], thresholds: dict[str, float]) -> list[str]:
+    failures = []
+    for name, threshold in thresholds.items():
+        value = metrics[name]
+        ok = value >= threshold if HIGHER_IS_BETTER[name] else value <= threshold
+        if not ok:
+            relation = ">=" if HIGHER_IS_BETTER[name] else "<="
+            failures.append(f"{name} = {value:.6g}, needs {relation} {threshold:g}")
+    return failures
+
+
+def gate_batch_sizes(batch: tuple[int, int, int]) -> list[int]:
+    return sorted(set(batch))
+
+
+def run_gate(
+    engine: EngineCallable,
+    reference: torch.nn.Module,
+    inputs: GateInputs,
+    batch: tuple[int, int, int],
+    thresholds: dict[str, float],
+    device: torch.device,
+    labels: tuple[str, ...],
+) -> GateReport:
+    """Run every input through ``engine`` at each gate batch size and compare with ``reference``."""
+    count = len(inputs.names)
+    images = inputs.images.to(device).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode(), _exact_fp32():
+        reference_logits = torch.cat([reference(images[i : i + 8]).float() for i in range(0, count, 8)]).cpu()
+    compiled_rows, reference_rows = [], []
+    real_top1: dict[int, int] = {}
+    for size in gate_batch_sizes(batch):
+        for start in range(0, count, size):
+            # Wrap around so every batch is full: the engine must accept exactly this size.
+            index = torch.arange(start, start + size) % count
+            with torch.inference_mode():
+                logits = engine(images[index.to(device)]).float().cpu()
+            compiled_rows.append(logits)
+            reference_rows.append(reference_logits[index])
+            for row, i in enumerate(index.tolist()):
+                if i < inputs.real_count:
+                    real_top1.setdefault(i, int(logits[row].argmax()))
+    metrics = compare_logits(torch.cat(compiled_rows), torch.cat(reference_rows))
+    real_images = [
+        {
+            "name": inputs.names[i],
+            "reference": labels[int(reference_logits[i].argmax())],
+            "compiled": labels[real_top1[i]],
+        }
+        for i in range(inputs.real_count)
+    ]
+    if inputs.real_count:
+        agree = sum(item["reference"] == item["compiled"] for item in real_images)
+        metrics["real_top1_agreement"] = agree / inputs.real_count
+    samples = {
+        "real_images": inputs.real_count,
+        "random_inputs": count - inputs.real_count,
+        "batch_sizes": gate_batch_sizes(batch),
+        "rows_compared": sum(len(r) for r in compiled_rows),
+    }
+    return GateReport(metrics, dict(thresholds), threshold_failures(metrics, thresholds), real_images, samples)
+
+
+class _exact_fp32:
+    """The reference runs in true fp32: no TF32 matmuls or convolutions on Ampere and later GPUs."""
+
+    def __enter__(self) -> None:
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved

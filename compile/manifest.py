@@ -1,0 +1,115 @@
+"""The artifact manifest: everything the server needs to know about an engine, in one JSON file.
+
+An artifact is a directory holding the engine file and ``manifest.json``. The server reads the
+preprocessing, labels, batch range and device from the manifest, never from its own flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from compile import _defaults
+from preprocessing.spec import PreprocessSpec
+
+
+class ManifestError(ValueError):
+    """The artifact directory or its manifest is missing, unreadable or from another format."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    model: str
+    model_family: str
+    weights_source: str  # "imagenet:...", "file:/path", "random(seed=0)"
+    weights_sha256: str
+    weights_sha256_of: str  # "file" (the weights file as downloaded/given) or "state_dict" (random weights)
+    preprocess: PreprocessSpec
+    labels_source: str
+    labels: tuple[str, ...]
+    backend: str  # "inductor", "tensorrt" or "eager"
+    precision: str
+    batch_min: int
+    batch_opt: int
+    batch_max: int
+    device_type: str  # "cpu" or "cuda"
+    device_name: str
+    device_capability: str  # torch's CPU capability (AVX512) or the GPU's sm_XY
+    engine_file: str  # relative to the artifact directory
+    engine_sha256: str
+    versions: dict[str, str]
+    compiled_at: str  # ISO 8601, UTC
+    compile_seconds: float
+    compile_settings: dict[str, Any]
+    validation: dict[str, Any]
+    cache_key: str
+
+    @property
+    def engine_name(self) -> str:
+        """What responses report in their ``engine`` field, e.g. ``inductor-bf16``."""
+        return f"{self.backend}-{self.precision}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["preprocess"] = self.preprocess.to_dict()
+        data["labels"] = list(self.labels)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        version = data.get("format_version")
+        if version != _defaults.MANIFEST_FORMAT_VERSION:
+            raise ManifestError(
+                f"Manifest format_version {version!r} is not {_defaults.MANIFEST_FORMAT_VERSION}, the one this "
+                "vision-serve reads. Recompile the artifact with this version's compile-trt."
+            )
+        names = {f.name for f in fields(cls)}
+        missing = sorted(names - data.keys())
+        if missing:
+            raise ManifestError(f"Manifest lacks {', '.join(missing)}. Recompile the artifact with compile-trt.")
+        values = {name: data[name] for name in names}
+        values["preprocess"] = PreprocessSpec.from_dict(values["preprocess"])
+        values["labels"] = tuple(values["labels"])
+        return cls(**values)
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> Path:
+    path = directory / _defaults.MANIFEST_FILE
+    path.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n")
+    return path
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    directory = Path(directory).expanduser()
+    path = directory / _defaults.MANIFEST_FILE
+    if not path.is_file():
+        hint = " (the directory does not exist)" if not directory.exists() else ""
+        raise ManifestError(
+            f"{path} not found{hint}. --artifact takes a directory written by compile-trt, e.g. "
+            "`compile-trt --model resnet152 --output artifacts/resnet152`."
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"Could not read {path} as JSON ({exc}). Recompile the artifact.") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} holds a JSON {type(data).__name__}, not an object. Recompile the artifact.")
+    return Manifest.from_dict(data)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """A stable hash of everything that makes one engine differ from another."""
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]

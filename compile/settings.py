@@ -1,0 +1,84 @@
+"""One settings object for `compile-trt`; every field is one flag (see compile/cli.py)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from compile import _defaults
+
+
+def parse_batch(text: str) -> tuple[int, int, int]:
+    """``"1,8,32"`` -> (1, 8, 32); a single number N means N,N,N (a static batch)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--batch takes MIN,OPT,MAX as integers, e.g. 1,8,32; got {text!r}.") from None
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise ValueError(f"--batch takes three numbers MIN,OPT,MAX (e.g. 1,8,32) or one, got {text!r}.")
+    return values  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """What to compile and how. Defaults live in compile/_defaults.py."""
+
+    model: str = _defaults.DEFAULT_MODEL
+    weights: str = _defaults.DEFAULT_WEIGHTS
+    backend: str = _defaults.DEFAULT_BACKEND
+    precision: str = _defaults.DEFAULT_PRECISION
+    batch: tuple[int, int, int] = _defaults.DEFAULT_BATCH
+    device: str = _defaults.DEFAULT_DEVICE
+    output: str = ""  # empty: artifacts/<model>-<backend>-<precision>-<device type>
+    workspace_gib: float = _defaults.DEFAULT_TRT_WORKSPACE_GIB
+    optimization_level: int = _defaults.DEFAULT_TRT_OPTIMIZATION_LEVEL
+    gate_images: str = ""  # a folder of images for the accuracy gate; empty: scikit-image's samples
+    # Gate thresholds; None takes the precision's defaults from _defaults.GATE_THRESHOLDS.
+    gate_min_top1_agreement: float | None = None
+    gate_min_top5_overlap: float | None = None
+    gate_min_cosine: float | None = None
+    gate_max_rel_error: float | None = None
+    force: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.backend not in _defaults.BACKENDS:
+            raise ValueError(f"--backend must be one of {', '.join(_defaults.BACKENDS)}, got {self.backend!r}.")
+        if self.precision not in _defaults.PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(_defaults.PRECISIONS)}, got {self.precision!r}.")
+        low, opt, high = self.batch
+        if not 1 <= low <= opt <= high:
+            raise ValueError(
+                f"--batch MIN,OPT,MAX needs 1 <= MIN <= OPT <= MAX, got {low},{opt},{high}. "
+                "Example: 1,8,32 (OPT is the size TensorRT tunes for)."
+            )
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        if self.workspace_gib <= 0:
+            raise ValueError(f"--workspace-gib must be > 0, got {self.workspace_gib}.")
+        if self.optimization_level not in _defaults.TRT_OPTIMIZATION_LEVELS:
+            raise ValueError(f"--optimization-level must be 0..5 (TensorRT's range), got {self.optimization_level}.")
+        for name in ("gate_min_top1_agreement", "gate_min_top5_overlap", "gate_min_cosine"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in 0..1, got {value}.")
+        if self.gate_max_rel_error is not None and self.gate_max_rel_error < 0:
+            raise ValueError(f"--gate-max-rel-error must be >= 0, got {self.gate_max_rel_error}.")
+
+    def gate_thresholds(self) -> dict[str, float]:
+        thresholds = dict(_defaults.GATE_THRESHOLDS[self.precision])
+        overrides = {
+            "top1_agreement": self.gate_min_top1_agreement,
+            "top5_overlap": self.gate_min_top5_overlap,
+            "cosine": self.gate_min_cosine,
+            "max_rel_error": self.gate_max_rel_error,
+        }
+        thresholds.update({k: v for k, v in overrides.items() if v is not None})
+        return thresholds
+
+    def as_dict(self) -> dict:
+        values = asdict(self)
+        values["batch"] = list(self.batch)
+        return values

@@ -1,0 +1,99 @@
+"""What the server runs: the eager model, or a compiled artifact, behind one interface."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from compile.backends import EngineCallable, get_backend
+from compile.catalog import ModelEntry, get_model_entry
+from compile.compat import describe_problems, device_problems, version_problems
+from compile.features import describe_device, library_versions
+from compile.manifest import Manifest, read_manifest
+from compile.weights import load_model
+
+logger = logging.getLogger(__name__)
+
+ENGINE_EAGER = "torch-eager-fp32"
+
+
+@dataclass
+class ServedModel:
+    """A model ready to serve: its catalog facts, a name for responses, and the batch sizes it takes."""
+
+    entry: ModelEntry
+    engine_name: str
+    run: EngineCallable
+    batch_min: int = 1
+    batch_max: int | None = None  # None: any size
+    description: str = ""
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits for ``images``; pads a batch below the engine's minimum and splits one above its maximum."""
+        count = len(images)
+        if self.batch_max is not None and count > self.batch_max:
+            return torch.cat([self(images[i : i + self.batch_max]) for i in range(0, count, self.batch_max)])
+        if count < self.batch_min:
+            # An engine built for MIN..MAX rejects smaller batches: repeat the last image, drop its rows.
+            padding = images[-1:].expand(self.batch_min - count, *images.shape[1:])
+            images = torch.cat([images, padding]).contiguous(memory_format=torch.channels_last)
+        return self.run(images)[:count]
+
+
+def entry_from_manifest(manifest: Manifest) -> ModelEntry:
+    return ModelEntry(
+        name=manifest.model,
+        family=manifest.model_family,
+        preprocess=manifest.preprocess,
+        labels=manifest.labels,
+        labels_source=manifest.labels_source,
+    )
+
+
+def artifact_versions(manifest: Manifest) -> dict[str, str]:
+    return library_versions(get_backend(manifest.backend).extra_versions())
+
+
+def check_artifact(directory: str | Path, device_type: str) -> Manifest:
+    """The artifact's manifest if this environment can serve it on ``device_type``; else ``ValueError``.
+
+    Runs in the server's main process, so it checks what needs no GPU context: the device type and
+    the library versions. The worker checks the GPU model itself when it loads the engine.
+    """
+    manifest = read_manifest(directory)
+    problems = device_problems(manifest, device_type) + version_problems(manifest, artifact_versions(manifest))
+    if problems:
+        raise ValueError(describe_problems(str(directory), problems))
+    return manifest
+
+
+def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
+    directory = Path(directory).expanduser()
+    manifest = read_manifest(directory)
+    problems = device_problems(manifest, device.type, describe_device(device))
+    problems += version_problems(manifest, artifact_versions(manifest))
+    if problems:
+        raise ValueError(describe_problems(str(directory), problems))
+    run = get_backend(manifest.backend).load(directory / manifest.engine_file, manifest, device)
+    return ServedModel(
+        entry=entry_from_manifest(manifest),
+        engine_name=manifest.engine_name,
+        run=run,
+        batch_min=manifest.batch_min,
+        batch_max=manifest.batch_max,
+        description=f"artifact {directory} ({manifest.weights_source})",
+    )
+
+
+def load_eager(model: str, weights: str, device: torch.device) -> ServedModel:
+    entry = get_model_entry(model)
+    loaded = load_model(entry, weights)
+    module = loaded.module.to(device).to(memory_format=torch.channels_last)
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        return module(images)
+
+    return ServedModel(entry, ENGINE_EAGER, run, description=f"weights {loaded.weights_source}")

@@ -1,0 +1,215 @@
+"""compile-trt's pure parts: settings, the TensorRT argument building (TensorRT itself is NOT run:
+it cannot be installed here), gate measures, compatibility checks, manifest errors, progress."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+import torch
+
+from compile import _defaults
+from compile.backends import BackendUnavailable, PrecisionCast, resolve_backend
+from compile.backends.base import export_example_size
+from compile.backends.tensorrt import (
+    parse_version,
+    tensorrt_compile_kwargs,
+    tensorrt_input_spec,
+    tensorrt_save_kwargs,
+)
+from compile.compat import device_problems, version_problems
+from compile.features import cpu_capability_runs_here
+from compile.gate import compare_logits, gate_batch_sizes, threshold_failures
+from compile.manifest import ManifestError, cache_key, read_manifest
+from compile.progress import Progress
+from compile.settings import CompileSettings, parse_batch
+
+CUDA0 = torch.device("cuda:0")
+
+
+def test_tensorrt_input_spec_covers_the_batch_range_without_tensorrt() -> None:
+    spec = tensorrt_input_spec((1, 8, 32), 224)
+    assert spec["min_shape"] == (1, 3, 224, 224)
+    assert spec["opt_shape"] == (8, 3, 224, 224)
+    assert spec["max_shape"] == (32, 3, 224, 224)
+    assert spec["dtype"] is torch.float32 and spec["name"] == "images"
+
+
+def test_tensorrt_compile_kwargs_map_settings_without_tensorrt() -> None:
+    settings = CompileSettings(precision="fp16", workspace_gib=2.5, optimization_level=5, device="cuda")
+    kwargs = tensorrt_compile_kwargs(settings, CUDA0)
+    assert kwargs["workspace_size"] == int(2.5 * 2**30)
+    assert kwargs["optimization_level"] == 5
+    assert kwargs["device"] == CUDA0 and kwargs["min_block_size"] == 1
+    # torch_tensorrt 2.13+ removed enabled_precisions: precision is carried by the graph (PrecisionCast).
+    assert "enabled_precisions" not in kwargs and "use_explicit_typing" not in kwargs
+    assert kwargs["cache_built_engines"] is False and kwargs["reuse_cached_engines"] is False
+
+
+def test_tensorrt_compile_kwargs_refuse_a_cpu_device_without_tensorrt() -> None:
+    with pytest.raises(BackendUnavailable, match="--backend inductor"):
+        tensorrt_compile_kwargs(CompileSettings(), torch.device("cpu"))
+
+
+def test_tensorrt_save_kwargs_keep_the_batch_dynamic_without_tensorrt() -> None:
+    example = torch.zeros(8, 3, 4, 4)
+    kwargs = tensorrt_save_kwargs((1, 8, 32), example)
+    assert kwargs["output_format"] == "exported_program" and kwargs["arg_inputs"] == [example]
+    (dims,) = kwargs["dynamic_shapes"]
+    assert dims[0].min == 1 and dims[0].max == 32
+    assert "dynamic_shapes" not in tensorrt_save_kwargs((8, 8, 8), example)  # a static engine
+
+
+def test_parse_version_handles_local_and_dev_suffixes() -> None:
+    assert parse_version("2.14.0+cu130") == (2, 14)
+    assert parse_version("2.11.0.dev20250101") == (2, 11)
+    assert parse_version("10") == (10, 0)
+
+
+def test_auto_backend_is_inductor_on_cpu() -> None:
+    assert resolve_backend("auto", torch.device("cpu"))[0] == "inductor"
+    assert resolve_backend("eager", torch.device("cpu")) == ("eager", "chosen explicitly")
+
+
+def test_export_example_batch_is_never_one_for_a_dynamic_range() -> None:
+    assert export_example_size((1, 1, 32)) == 2  # export would specialize a dimension seen as 1
+    assert export_example_size((1, 8, 32)) == 8
+    assert export_example_size((4, 4, 4)) == 4
+
+
+def test_precision_cast_keeps_a_float32_interface() -> None:
+    model = PrecisionCast(torch.nn.Linear(4, 3), torch.bfloat16)
+    out = model(torch.randn(2, 4))
+    assert out.dtype is torch.float32 and model.model.weight.dtype is torch.bfloat16
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1,8,32", (1, 8, 32)), ("16", (16, 16, 16)), (" 2, 4 ,8", (2, 4, 8))])
+def test_parse_batch(text, expected) -> None:
+    assert parse_batch(text) == expected
+
+
+def test_gate_thresholds_follow_precision_and_overrides() -> None:
+    assert CompileSettings(precision="bf16").gate_thresholds() == _defaults.GATE_THRESHOLDS["bf16"]
+    custom = CompileSettings(precision="fp16", gate_min_cosine=0.5).gate_thresholds()
+    assert custom["cosine"] == 0.5 and custom["max_rel_error"] == _defaults.GATE_THRESHOLDS["fp16"]["max_rel_error"]
+
+
+def test_compare_logits_identical_and_disagreeing() -> None:
+    reference = torch.randn(6, 1000, generator=torch.Generator().manual_seed(1))
+    same = compare_logits(reference.clone(), reference)
+    assert same == {"top1_agreement": 1.0, "top5_overlap": 1.0, "cosine": pytest.approx(1.0), "max_rel_error": 0.0}
+    flipped = reference.clone()
+    flipped[0] = -flipped[0]  # one row now ranks every class backwards
+    measures = compare_logits(flipped, reference)
+    assert measures["top1_agreement"] == pytest.approx(5 / 6)
+    assert measures["top5_overlap"] == pytest.approx(5 / 6)
+    assert measures["cosine"] == pytest.approx(-1.0)
+    assert measures["max_rel_error"] == pytest.approx(2.0)
+
+
+def test_threshold_failures_name_the_measure_and_the_bound() -> None:
+    thresholds = _defaults.GATE_THRESHOLDS["fp32"]
+    ok = {"top1_agreement": 1.0, "top5_overlap": 1.0, "cosine": 1.0, "max_rel_error": 1e-6}
+    assert threshold_failures(ok, thresholds) == []
+    failures = threshold_failures({**ok, "max_rel_error": 0.5, "cosine": 0.9}, thresholds)
+    assert failures == ["cosine = 0.9, needs >= 0.9999", "max_rel_error = 0.5, needs <= 0.001"]
+
+
+def test_gate_batch_sizes_are_the_distinct_range_points() -> None:
+    assert gate_batch_sizes((1, 8, 32)) == [1, 8, 32]
+    assert gate_batch_sizes((4, 4, 4)) == [4]
+
+
+def test_cache_key_is_stable_and_sensitive() -> None:
+    parts = {"model": "resnet152", "precision": "fp16", "batch": [1, 8, 32]}
+    assert cache_key(parts) == cache_key(dict(reversed(list(parts.items()))))
+    assert cache_key(parts) != cache_key({**parts, "precision": "bf16"})
+
+
+def test_cpu_capability_order() -> None:
+    assert cpu_capability_runs_here("AVX2", "AVX512")
+    assert not cpu_capability_runs_here("AVX512", "AVX2")
+    assert not cpu_capability_runs_here("ZVECTOR", "AVX512")
+
+
+class FakeManifest:
+    """Only the fields the compatibility checks read."""
+
+    def __init__(self, **fields) -> None:
+        defaults = {
+            "backend": "inductor",
+            "versions": {"torch": "2.14.1+cu130"},
+            "device_type": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "device_capability": "sm_90",
+        }
+        self.__dict__.update({**defaults, **fields})
+
+
+def test_version_problems_compare_major_minor() -> None:
+    assert version_problems(FakeManifest(), {"torch": "2.14.0"}) == []
+    (problem,) = version_problems(FakeManifest(), {"torch": "2.15.0"})
+    assert "compiled with torch 2.14.1+cu130" in problem and "Recompile" in problem
+    trt = FakeManifest(backend="tensorrt", versions={"torch": "2.14.1", "torch_tensorrt": "2.14.0", "tensorrt": "11.1"})
+    problems = version_problems(trt, {"torch": "2.14.1"})
+    assert len(problems) == 2 and all("Dockerfile.gpu" in p for p in problems)
+
+
+def test_device_problems_name_the_fix() -> None:
+    h100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}
+    assert device_problems(FakeManifest(), "cuda", h100) == []
+    (wrong_gpu,) = device_problems(FakeManifest(), "cuda", {**h100, "name": "NVIDIA A10G", "capability": "sm_86"})
+    assert "Recompile it on this GPU" in wrong_gpu
+    (wrong_type,) = device_problems(FakeManifest(), "cpu")
+    assert "--device cuda" in wrong_type
+    cpu = FakeManifest(device_type="cpu", device_capability="AVX512")
+    assert "Recompile it on this machine" in device_problems(cpu, "cpu", {"capability": "AVX2"})[0]
+
+
+def test_read_manifest_errors_say_what_to_do(tmp_path) -> None:
+    with pytest.raises(ManifestError, match="does not exist"):
+        read_manifest(tmp_path / "missing")
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ManifestError, match="not an object"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": _defaults.MANIFEST_FORMAT_VERSION}))
+    with pytest.raises(ManifestError, match="lacks backend"):
+        read_manifest(tmp_path)
+
+
+def test_progress_logs_each_stage_and_marks_failures(caplog) -> None:
+    progress = Progress(live=False)
+    with caplog.at_level(logging.INFO, logger="compile.progress"):
+        with progress.stage("Compiling"):
+            pass
+        with pytest.raises(RuntimeError), progress.stage("Gate"):
+            raise RuntimeError("boom")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "Compiling ..." and messages[1].startswith("Compiling: done in")
+    assert messages[3].startswith("Gate: FAILED in")
+    assert set(progress.durations) == {"Compiling", "Gate"}
+
+
+def test_progress_on_a_terminal_updates_one_line() -> None:
+    stream = io.StringIO()
+    with Progress(stream, live=True).stage("Compiling"):
+        import time
+
+        time.sleep(0.6)  # long enough for the ticker to draw at least once
+    text = stream.getvalue()
+    assert "\r" in text and "Compiling ..." in text and text.endswith("Compiling: done in 0.6 s\n")
+
+
+def test_tensorrt_kwargs_are_parameters_of_the_installed_torch_tensorrt() -> None:
+    """Runs only where torch_tensorrt imports (the Dockerfile.gpu image); checks our names, not TensorRT."""
+    torch_tensorrt = pytest.importorskip("torch_tensorrt")
+    import inspect
+
+    compile_params = inspect.signature(torch_tensorrt.dynamo.compile).parameters
+    save_params = inspect.signature(torch_tensorrt.save).parameters
+    kwargs = tensorrt_compile_kwargs(CompileSettings(device="cuda"), CUDA0)
+    assert set(kwargs) <= set(compile_params) and "arg_inputs" in compile_params
+    assert set(tensorrt_save_kwargs((1, 8, 32), torch.zeros(8, 3, 4, 4))) <= set(save_params)
+    torch_tensorrt.Input(**tensorrt_input_spec((1, 8, 32), 224))
