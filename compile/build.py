@@ -6,14 +6,18 @@ after the gate passes, so a failed compile never leaves (or replaces) an artifac
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime
+import fcntl
 import hashlib
+import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +26,7 @@ import torch
 from compile import _defaults
 from compile.backends import PRECISION_DTYPES, CompileBackend, PrecisionCast, get_backend, resolve_backend
 from compile.catalog import ModelEntry, get_model_entry
-from compile.features import describe_device, library_versions
+from compile.features import describe_device, library_versions, package_version
 from compile.gate import GateReport, gate_inputs, run_gate, sample_photos
 from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, sha256_file, write_manifest
 from compile.progress import Progress
@@ -66,14 +70,23 @@ def default_output(model: str, backend: str, precision: str, device: torch.devic
     return Path(_defaults.DEFAULT_OUTPUT_ROOT) / f"{model}-{backend}-{precision}-{device.type}"
 
 
+def is_artifact_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds a compile-trt artifact (of any format version): safe to replace."""
+    try:
+        data = json.loads((directory / _defaults.MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"format_version", "cache_key", "engine_file"} <= data.keys()
+
+
 def check_output_dir(output: Path) -> None:
     """Refuse to replace a directory that is not an artifact: it may hold someone's files."""
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; give a directory path (it is created).")
-    if output.is_dir() and any(output.iterdir()) and not (output / _defaults.MANIFEST_FILE).exists():
+    if output.is_dir() and any(output.iterdir()) and not is_artifact_dir(output):
         raise ValueError(
-            f"--output {output} is a non-empty directory without a {_defaults.MANIFEST_FILE}; compile-trt only "
-            "replaces its own artifacts. Choose a new or empty directory."
+            f"--output {output} is a non-empty directory that is not a compile-trt artifact (no valid "
+            f"{_defaults.MANIFEST_FILE}); compile-trt only replaces its own artifacts. Choose a new or empty directory."
         )
 
 
@@ -86,6 +99,10 @@ def weights_digest(loaded: LoadedModel) -> tuple[str, str]:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest(), "state_dict"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def cached_artifact(output: Path, key: str, backend: CompileBackend) -> Manifest | None:
@@ -103,88 +120,167 @@ def cached_artifact(output: Path, key: str, backend: CompileBackend) -> Manifest
     return manifest
 
 
-def compile_artifact(settings: CompileSettings, progress: Progress | None = None) -> CompileResult:
-    """Compile per ``settings``; returns the artifact (a cache hit returns the existing one)."""
-    progress = progress or Progress(live=False)
-    started = time.perf_counter()
+@dataclass
+class CompilePlan:
+    """What ``settings`` resolve to on this machine, before any weights are loaded."""
+
+    settings: CompileSettings
+    device: torch.device
+    backend: CompileBackend
+    backend_reason: str
+    entry: ModelEntry
+    output: Path
+    thresholds: dict[str, float]
+    photos: list[tuple[str, bytes]]
+
+
+def plan_compile(settings: CompileSettings) -> CompilePlan:
+    """Resolve device, backend, model and output; every argument error surfaces here, before any work."""
     device = resolve_compile_device(settings.device, torch.cuda.device_count())
     backend_name, reason = resolve_backend(settings.backend, device)
     backend = get_backend(backend_name)
     backend.check_available(device)
     entry = get_model_entry(settings.model)
-    output = (
-        Path(settings.output)
-        if settings.output
-        else default_output(entry.name, backend_name, settings.precision, device)
-    )
+    output = Path(settings.output or default_output(entry.name, backend_name, settings.precision, device))
+    output = output.expanduser()
     check_output_dir(output)
-    thresholds = settings.gate_thresholds()
-    photos = sample_photos(settings.gate_images)  # fail fast on a bad --gate-images
+    photos = sample_photos(settings.gate_images)
+    return CompilePlan(settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos)
+
+
+def engine_cache_key(plan: CompilePlan, weights_sha256: str, versions: dict, device_info: dict) -> str:
+    """Everything that makes one artifact differ from another, hashed."""
+    settings, entry = plan.settings, plan.entry
+    return cache_key(
+        {
+            "format": _defaults.MANIFEST_FORMAT_VERSION,
+            "vision_serve": package_version("vision-serve"),
+            "model": entry.name,
+            "weights_sha256": weights_sha256,
+            "preprocess": entry.preprocess.to_dict(),
+            "labels_sha256": sha256_text("\n".join(entry.labels)),
+            "backend": plan.backend.name,
+            "backend_config": plan.backend.config(settings, plan.device),
+            "precision": settings.precision,
+            "batch": list(settings.batch),
+            "device": device_info,
+            "versions": versions,
+            "gate": {
+                "thresholds": plan.thresholds,
+                "photos_sha256": [hashlib.sha256(data).hexdigest() for _, data in plan.photos],
+                "random_inputs": _defaults.GATE_RANDOM_INPUTS,
+                "seed": _defaults.GATE_SEED,
+            },
+        }
+    )
+
+
+def compile_artifact(settings: CompileSettings, progress: Progress | None = None) -> CompileResult:
+    """Compile per ``settings``; returns the artifact (a cache hit returns the existing one)."""
+    progress = progress or Progress(live=False)
+    started = time.perf_counter()
+    plan = plan_compile(settings)
+    entry, backend, device = plan.entry, plan.backend, plan.device
     logger.info(
         "Compiling %s with %s (%s), precision %s, batch %s, on %s -> %s",
         entry.name,
-        backend_name,
-        reason,
+        backend.name,
+        plan.backend_reason,
         settings.precision,
         ",".join(map(str, settings.batch)),
         device,
-        output,
+        plan.output,
     )
-
     with progress.stage(f"Loading {entry.name} weights ({settings.weights})"):
         loaded = load_model(entry, settings.weights)
         weights_sha256, sha256_of = weights_digest(loaded)
     versions = library_versions(backend.extra_versions())
     device_info = describe_device(device)
-    key_parts = {
-        "format": _defaults.MANIFEST_FORMAT_VERSION,
-        "model": entry.name,
-        "weights_sha256": weights_sha256,
-        "backend": backend_name,
-        "precision": settings.precision,
-        "batch": list(settings.batch),
-        "device": device_info,
-        "versions": versions,
-        "gate": {"thresholds": thresholds, "images": settings.gate_images},
-    }
-    if backend_name == "tensorrt":
-        key_parts["tensorrt"] = {"workspace_gib": settings.workspace_gib, "level": settings.optimization_level}
-    key = cache_key(key_parts)
-    if not settings.force and (manifest := cached_artifact(output, key, backend)) is not None:
-        logger.info("Cache hit: %s already holds this engine (cache key %s); --force rebuilds it.", output, key)
-        return CompileResult(manifest, output, cached=True)
+    key = engine_cache_key(plan, weights_sha256, versions, device_info)
+    with output_lock(plan.output):
+        if not settings.force and (manifest := cached_artifact(plan.output, key, backend)) is not None:
+            logger.info("Cache hit: %s already holds this engine (key %s); --force rebuilds it.", plan.output, key)
+            return CompileResult(manifest, plan.output, cached=True)
+        staging = plan.output.parent / f"{staging_prefix(plan.output)}{os.getpid()}"
+        staging.mkdir(parents=True)
+        try:
+            manifest = _manifest(
+                settings, entry, loaded, backend, device_info, versions, key, weights_sha256, sha256_of, 0.0
+            )
+            manifest = build_and_gate(plan, loaded, manifest, staging, progress)
+            write_manifest(staging, manifest)
+            _move_into_place(staging, plan.output)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    logger.info("Artifact written to %s in %.1f s", plan.output, time.perf_counter() - started)
+    return CompileResult(manifest, plan.output, cached=False)
 
-    staging = output.parent / f".{output.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+
+def build_and_gate(
+    plan: CompilePlan, loaded: LoadedModel, manifest: Manifest, staging: Path, progress: Progress
+) -> Manifest:
+    """Compile into ``staging``, load the engine back, and gate it; returns the completed manifest."""
+    settings, backend, device, entry = plan.settings, plan.backend, plan.device, plan.entry
+    reference = loaded.module.to(device).to(memory_format=torch.channels_last).eval()
+    engine_path = staging / backend.engine_file
+    compile_started = time.perf_counter()
+    with progress.stage(f"Compiling with {backend.name} ({settings.precision})"):
+        model = PrecisionCast(copy.deepcopy(reference), PRECISION_DTYPES[settings.precision]).eval()
+        backend.build(model, settings, device, entry.preprocess.crop_size, engine_path)
+        del model
+    manifest = dataclasses.replace(
+        manifest,
+        compile_seconds=round(time.perf_counter() - compile_started, 2),
+        engine_sha256=sha256_file(engine_path),
+    )
+    with progress.stage("Accuracy gate (compiled vs eager fp32)"):
+        gate_started = time.perf_counter()
+        engine = backend.load(engine_path, manifest, device)
+        inputs = gate_inputs(entry, plan.photos, _defaults.GATE_RANDOM_INPUTS, _defaults.GATE_SEED)
+        report = run_gate(engine, reference, inputs, settings.batch, plan.thresholds, device, entry.labels)
+        report.seconds = round(time.perf_counter() - gate_started, 2)
+    if not report.passed:
+        raise GateFailed(report)
+    return dataclasses.replace(manifest, validation=report.to_dict())
+
+
+def staging_prefix(output: Path) -> str:
+    return f".{output.name}.tmp-"
+
+
+def old_prefix(output: Path) -> str:
+    return f".{output.name}.old-"
+
+
+@contextlib.contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``output``'s parent while checking, building and replacing ``output``.
+
+    Two compiles into the same folder take turns (an identical second one then finds a cache hit).
+    Under the lock, leftovers of a compile that was killed are cleaned up: a half-built staging
+    folder is removed, and an old artifact that was moved aside but not replaced is put back.
+    """
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(output.parent, os.O_RDONLY)
     try:
-        reference = loaded.module.to(device).to(memory_format=torch.channels_last).eval()
-        engine_path = staging / backend.engine_file
-        compile_started = time.perf_counter()
-        with progress.stage(f"Compiling with {backend_name} ({settings.precision})"):
-            model = PrecisionCast(copy.deepcopy(reference), PRECISION_DTYPES[settings.precision]).eval()
-            backend.build(model, settings, device, entry.preprocess.crop_size, engine_path)
-            del model
-        compile_seconds = time.perf_counter() - compile_started
-        manifest = _manifest(
-            settings, entry, loaded, backend, device_info, versions, key, weights_sha256, sha256_of, compile_seconds
-        )
-        manifest = dataclasses.replace(manifest, engine_sha256=sha256_file(engine_path))
-        with progress.stage("Accuracy gate (compiled vs eager fp32)"):
-            gate_started = time.perf_counter()
-            engine = backend.load(engine_path, manifest, device)
-            inputs = gate_inputs(entry, photos, _defaults.GATE_RANDOM_INPUTS, _defaults.GATE_SEED)
-            report = run_gate(engine, reference, inputs, settings.batch, thresholds, device, entry.labels)
-            report.seconds = time.perf_counter() - gate_started
-        if not report.passed:
-            raise GateFailed(report)
-        manifest = dataclasses.replace(manifest, validation=report.to_dict())
-        write_manifest(staging, manifest)
-        _move_into_place(staging, output)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("Another compile-trt is writing into %s; waiting for it.", output.parent)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _clean_leftovers(output)
+        yield
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    logger.info("Artifact written to %s in %.1f s", output, time.perf_counter() - started)
-    return CompileResult(manifest, output, cached=False)
+        os.close(fd)  # releases the lock
+
+
+def _clean_leftovers(output: Path) -> None:
+    old = sorted(output.parent.glob(old_prefix(output) + "*"), key=lambda p: p.stat().st_mtime)
+    if old and not output.exists():
+        logger.warning("Restoring %s from %s, left by a compile that was interrupted.", output, old[-1])
+        old[-1].rename(output)
+    for leftover in [*output.parent.glob(staging_prefix(output) + "*"), *output.parent.glob(old_prefix(output) + "*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _manifest(
@@ -218,6 +314,7 @@ def _manifest(
         device_type=device_info["type"],
         device_name=device_info["name"],
         device_capability=device_info["capability"],
+        device_isa=device_info.get("isa", ""),
         engine_file=backend.engine_file,
         engine_sha256="",
         versions=versions,
@@ -230,11 +327,16 @@ def _manifest(
 
 
 def _move_into_place(staging: Path, output: Path) -> None:
-    """Replace ``output`` with ``staging``; the old artifact is removed only once the new one is there."""
+    """Replace ``output`` with ``staging``; if that fails, the old artifact is put back."""
     previous = None
     if output.exists():
-        previous = output.parent / f".{output.name}.old-{os.getpid()}"
+        previous = output.parent / f"{old_prefix(output)}{os.getpid()}"
         output.rename(previous)
-    staging.rename(output)
+    try:
+        staging.rename(output)
+    except OSError:
+        if previous is not None:
+            previous.rename(output)
+        raise
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from compile.backends import BACKENDS
-from compile.features import TENSORRT_HOME, cpu_capability_runs_here
+from compile.features import TENSORRT_HOME, cpu_capability_runs_here, cpu_isa_runs_here
 from compile.manifest import Manifest
 
 
@@ -12,7 +12,7 @@ def major_minor(version: str) -> str:
 
 
 def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[str]:
-    """Libraries the engine needs at the major.minor it was compiled with, and where they differ."""
+    """Libraries the engine needs at the version it was compiled with (major.minor, or exactly), where they differ."""
     backend = BACKENDS.get(manifest.backend)
     if backend is None:
         return [f"the artifact's backend {manifest.backend!r} is unknown to this vision-serve; recompile it."]
@@ -25,11 +25,13 @@ def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[
         if here is None:
             hint = f" {TENSORRT_HOME}" if library in ("torch_tensorrt", "tensorrt") else ""
             problems.append(f"it needs {library} {built}, which is not installed here.{hint}")
-        elif major_minor(built) != major_minor(here):
+            continue
+        exact = library in backend.exact_version_libraries
+        if (built != here) if exact else (major_minor(built) != major_minor(here)):
+            required = built if exact else f"{major_minor(built)}.x"
             problems.append(
                 f"it was compiled with {library} {built} and this environment has {here}; "
-                f"{manifest.backend} engines only load under the same {library} {major_minor(built)}.x. "
-                "Recompile it here with compile-trt."
+                f"{manifest.backend} engines only load under {library} {required}. Recompile it here with compile-trt."
             )
     return problems
 
@@ -45,8 +47,13 @@ def device_problems(manifest: Manifest, device_type: str, device_info: dict[str,
     if device_info is None:
         return []
     built, here = manifest.device_capability, device_info.get("capability", "")
-    if device_type == "cpu" and not cpu_capability_runs_here(built, here):
-        return [f"its CPU code uses {built} instructions and this CPU offers {here}. Recompile it on this machine."]
+    if device_type == "cpu":
+        isa_built, isa_here = manifest.device_isa, device_info.get("isa", "")
+        if not cpu_capability_runs_here(built, here) or not cpu_isa_runs_here(isa_built, isa_here):
+            return [
+                f"its CPU code uses {built} ({isa_built}) instructions and this CPU offers {here} ({isa_here}). "
+                "Recompile it on this machine."
+            ]
     if device_type == "cuda" and built != here:
         return [
             f"it was compiled for {manifest.device_name} ({built}) and this GPU is {device_info.get('name')} "

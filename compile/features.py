@@ -68,11 +68,38 @@ def describe_device(device: torch.device) -> dict[str, str]:
         index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
         return {"type": "cuda", "name": torch.cuda.get_device_name(index), "capability": f"sm_{major}{minor}"}
-    return {"type": "cpu", "name": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "type": "cpu",
+        "name": cpu_name(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "isa": cpu_isa(),
+    }
+
+
+@functools.cache
+def cpu_isa() -> str:
+    """The instruction sets AOTInductor compiles CPU code for here, e.g. ``avx512 avx512_vnni avx512_bf16``.
+
+    Finer than torch's capability: an AVX-512 CPU without VNNI, bf16 or AMX (Skylake-SP) reports
+    the same ``AVX512`` but cannot run code built with those extensions.
+    """
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    tokens = str(pick_vec_isa()).split()
+    extensions = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported"}
+    for token, probe in extensions.items():
+        if getattr(torch._C._cpu, probe, lambda: False)():
+            tokens.append(token)
+    return " ".join(tokens)
 
 
 # torch's CPU capabilities from least to most: code built for one runs where a later one is reported.
 CPU_CAPABILITY_ORDER = ("DEFAULT", "AVX2", "AVX512")
+
+
+def cpu_isa_runs_here(built_for: str, here: str) -> bool:
+    """Whether CPU code built for the ISA tokens ``built_for`` runs on a CPU offering ``here``."""
+    return set(built_for.split()) <= set(here.split())
 
 
 def cpu_capability_runs_here(built_for: str, here: str) -> bool:

@@ -39,6 +39,7 @@ class Manifest:
     device_type: str  # "cpu" or "cuda"
     device_name: str
     device_capability: str  # torch's CPU capability (AVX512) or the GPU's sm_XY
+    device_isa: str  # CPU: the instruction sets compiled code may use (features.cpu_isa); GPU: ""
     engine_file: str  # relative to the artifact directory
     engine_sha256: str
     versions: dict[str, str]
@@ -72,8 +73,14 @@ class Manifest:
         if missing:
             raise ManifestError(f"Manifest lacks {', '.join(missing)}. Recompile the artifact with compile-trt.")
         values = {name: data[name] for name in names}
-        values["preprocess"] = PreprocessSpec.from_dict(values["preprocess"])
-        values["labels"] = tuple(values["labels"])
+        try:
+            values["preprocess"] = PreprocessSpec.from_dict(values["preprocess"])
+            values["labels"] = tuple(values["labels"])
+        except (TypeError, ValueError) as exc:
+            raise ManifestError(f"Manifest has an invalid preprocess or labels entry ({exc}). Recompile it.") from None
+        engine_file = values["engine_file"]
+        if not isinstance(engine_file, str) or Path(engine_file).name != engine_file or engine_file in ("", ".", ".."):
+            raise ManifestError(f"Manifest engine_file {engine_file!r} must be a file name inside the artifact.")
         return cls(**values)
 
 
@@ -98,7 +105,10 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"Could not read {path} as JSON ({exc}). Recompile the artifact.") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"{path} holds a JSON {type(data).__name__}, not an object. Recompile the artifact.")
-    return Manifest.from_dict(data)
+    try:
+        return Manifest.from_dict(data)
+    except ManifestError as exc:
+        raise ManifestError(f"{path}: {exc}") from None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -65,14 +65,19 @@ def pick_model(requested: str) -> tuple[str, str]:
     return "resnet152", "ImageNet weights downloaded into torchvision's cache"
 
 
-def compile_for_demo(model: str) -> Path:
+def compile_for_demo(model: str) -> Path | None:
     """compile-trt with its defaults (TensorRT on a GPU that has it, else AOTInductor), as the user would."""
-    from compile.build import compile_artifact
+    from compile.backends import BackendUnavailable
+    from compile.build import GateFailed, compile_artifact
     from compile.progress import Progress
     from compile.settings import CompileSettings
 
     print(f"Compiling {model} with compile-trt (AOTInductor on CPU takes 20-90 s; cached afterwards) ...", flush=True)
-    result = compile_artifact(CompileSettings(model=model), Progress())
+    try:
+        result = compile_artifact(CompileSettings(model=model), Progress())
+    except (GateFailed, BackendUnavailable, ValueError) as exc:
+        print(f"compile-trt failed ({exc}); the demo serves the eager model instead.", flush=True)
+        return None
     manifest = result.manifest
     metrics = manifest.validation["metrics"]
     state = "cache hit" if result.cached else f"compiled in {manifest.compile_seconds:.0f} s"
@@ -96,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model, why = pick_model(args.model)
     print(f"Model: {model} ({why}).", flush=True)
-    server_args = ["--model", model] if args.engine == "eager" else ["--artifact", str(compile_for_demo(model))]
+    artifact = compile_for_demo(model) if args.engine == "compiled" else None
+    server_args = ["--artifact", str(artifact)] if artifact else ["--model", model]
     with tempfile.TemporaryDirectory(prefix="vision-serve-demo-") as tmp:
         images = args.images or write_sample_images(Path(tmp))
         server = ServerProcess(server_args, log_path=Path(tmp) / "server.log")

@@ -33,6 +33,9 @@ class ServedModel:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for ``images``; pads a batch below the engine's minimum and splits one above its maximum."""
+        # Compiled engines assume the layout they were traced with (channels_last) and do not check
+        # strides: an NCHW-contiguous batch would give wrong logits. A no-op for channels_last input.
+        images = images.contiguous(memory_format=torch.channels_last)
         count = len(images)
         if self.batch_max is not None and count > self.batch_max:
             return torch.cat([self(images[i : i + self.batch_max]) for i in range(0, count, self.batch_max)])
@@ -60,11 +63,12 @@ def artifact_versions(manifest: Manifest) -> dict[str, str]:
 def check_artifact(directory: str | Path, device_type: str) -> Manifest:
     """The artifact's manifest if this environment can serve it on ``device_type``; else ``ValueError``.
 
-    Runs in the server's main process, so it checks what needs no GPU context: the device type and
-    the library versions. The worker checks the GPU model itself when it loads the engine.
+    Runs in the server's main process, so it checks what needs no GPU context: the device type, the
+    CPU's instruction sets, the library versions. The worker checks the GPU model when it loads the engine.
     """
     manifest = read_manifest(directory)
-    problems = device_problems(manifest, device_type) + version_problems(manifest, artifact_versions(manifest))
+    here = describe_device(torch.device("cpu")) if device_type == "cpu" else None
+    problems = device_problems(manifest, device_type, here) + version_problems(manifest, artifact_versions(manifest))
     if problems:
         raise ValueError(describe_problems(str(directory), problems))
     return manifest

@@ -98,14 +98,23 @@ class VisionLitServer(ls.LitServer):
             time.sleep(0.05)
 
 
-def apply_artifact(settings: ServeSettings) -> tuple[ServeSettings, Manifest]:
+def apply_artifact(settings: ServeSettings, cuda_count: int | None = None) -> tuple[ServeSettings, Manifest]:
     """Settings adjusted to the artifact's manifest, which wins over flags; ``ValueError`` if they conflict."""
     from compile.manifest import read_manifest
 
     manifest = read_manifest(settings.artifact)
+    cuda_count = torch.cuda.device_count() if cuda_count is None else cuda_count
     device = settings.device
     if device == "auto":
         device = manifest.device_type  # serve where it was compiled for
+    if manifest.backend == "tensorrt" and device == "cuda" and cuda_count > 1:
+        # A deserialized TensorRT engine is bound to one GPU; a worker per GPU would each need its own.
+        logger.warning(
+            "TensorRT artifacts are served on one GPU per server: using cuda:0 of %d. Run one vision-serve "
+            "per GPU with --device cuda:N to use them all.",
+            cuda_count,
+        )
+        device = "cuda:0"
     device_type = "cpu" if device == "cpu" else "cuda"
     check_artifact(settings.artifact, device_type)
     if settings.model not in (_defaults.MODEL, manifest.model):

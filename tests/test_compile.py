@@ -119,6 +119,10 @@ def test_loaded_engine_pads_and_splits_batches_outside_its_range(fp32_artifact, 
     assert single.shape == (1, 1000) and many.shape == (11, 1000)
     assert served.entry.labels[int(single.argmax())] in CAT_LABELS
     torch.testing.assert_close(many, single.expand(11, -1), rtol=1e-4, atol=1e-4)
+    # The engine was traced channels_last and does not check strides: NCHW input must be converted.
+    nchw = one.expand(4, -1, -1, -1).contiguous()  # 4: within the range, so nothing pads it
+    with torch.inference_mode():
+        torch.testing.assert_close(served(nchw), single.expand(4, -1), rtol=1e-4, atol=1e-4)
 
 
 def test_gate_failure_exits_nonzero_and_keeps_the_previous_artifact(fp32_artifact, tmp_path, capsys) -> None:
@@ -208,6 +212,8 @@ def edited_copy(artifact, tmp_path, **changes) -> str:
         ({"device_type": "cuda"}, ["--device", "cpu"], "compiled for cuda and the server runs on cpu"),
         ({"backend": "tensorrt", "versions": {"torch": torch.__version__, "tensorrt": "10.9"}}, [], "tensorrt"),
         ({"format_version": 99}, [], "format_version 99"),
+        ({"preprocess": {"crop": 1}}, [], "invalid preprocess"),
+        ({"engine_file": "../../model.pt2"}, [], "must be a file name inside the artifact"),
     ],
 )
 def test_server_refuses_an_artifact_it_cannot_run(fp32_artifact, tmp_path, capsys, changes, flags, message) -> None:
@@ -242,3 +248,13 @@ def test_server_settings_follow_the_artifact(fp32_artifact) -> None:
     settings, manifest = apply_artifact(ServeSettings(artifact=str(fp32_artifact), max_batch_size=64))
     assert settings.max_batch_size == manifest.batch_max == 32  # clamped to what the engine accepts
     assert settings.device == "cpu" and settings.model == "efficientnet-lite0"
+
+
+def test_tensorrt_artifact_is_served_on_one_gpu_without_a_gpu(fp32_artifact, tmp_path) -> None:
+    """The device choice only (no GPU, no TensorRT here): a TensorRT engine is bound to one GPU."""
+    from service.server import apply_artifact
+    from service.settings import ServeSettings
+
+    trt = {"backend": "tensorrt", "device_type": "cuda", "versions": {"torch": torch.__version__}}
+    settings, _ = apply_artifact(ServeSettings(artifact=edited_copy(fp32_artifact, tmp_path, **trt)), cuda_count=4)
+    assert settings.device == "cuda:0"

@@ -46,6 +46,8 @@ def test_tensorrt_compile_kwargs_map_settings_without_tensorrt() -> None:
     # torch_tensorrt 2.13+ removed enabled_precisions: precision is carried by the graph (PrecisionCast).
     assert "enabled_precisions" not in kwargs and "use_explicit_typing" not in kwargs
     assert kwargs["cache_built_engines"] is False and kwargs["reuse_cached_engines"] is False
+    assert kwargs["disable_tf32"] is False  # fp16 layers are unaffected; fp32 would mean IEEE fp32:
+    assert tensorrt_compile_kwargs(CompileSettings(device="cuda"), CUDA0)["disable_tf32"] is True
 
 
 def test_tensorrt_compile_kwargs_refuse_a_cpu_device_without_tensorrt() -> None:
@@ -144,6 +146,7 @@ class FakeManifest:
             "device_type": "cuda",
             "device_name": "NVIDIA H100 80GB HBM3",
             "device_capability": "sm_90",
+            "device_isa": "",
         }
         self.__dict__.update({**defaults, **fields})
 
@@ -155,6 +158,11 @@ def test_version_problems_compare_major_minor() -> None:
     trt = FakeManifest(backend="tensorrt", versions={"torch": "2.14.1", "torch_tensorrt": "2.14.0", "tensorrt": "11.1"})
     problems = version_problems(trt, {"torch": "2.14.1"})
     assert len(problems) == 2 and all("Dockerfile.gpu" in p for p in problems)
+    # TensorRT engines deserialize only in the exact TensorRT version that built them.
+    here = {"torch": "2.14.1", "torch_tensorrt": "2.14.0", "tensorrt": "11.1.1"}
+    (problem,) = version_problems(trt, here)
+    assert "only load under tensorrt 11.1." in problem
+    assert version_problems(trt, {**here, "tensorrt": "11.1"}) == []
 
 
 def test_device_problems_name_the_fix() -> None:
@@ -164,8 +172,12 @@ def test_device_problems_name_the_fix() -> None:
     assert "Recompile it on this GPU" in wrong_gpu
     (wrong_type,) = device_problems(FakeManifest(), "cpu")
     assert "--device cuda" in wrong_type
-    cpu = FakeManifest(device_type="cpu", device_capability="AVX512")
-    assert "Recompile it on this machine" in device_problems(cpu, "cpu", {"capability": "AVX2"})[0]
+    cpu = FakeManifest(device_type="cpu", device_capability="AVX512", device_isa="avx512 avx512_vnni avx512_bf16")
+    assert "Recompile it on this machine" in device_problems(cpu, "cpu", {"capability": "AVX2", "isa": "avx2"})[0]
+    # Same torch capability, but a CPU without the bf16 extension the code was built for (Skylake-SP):
+    skylake = {"capability": "AVX512", "isa": "avx512"}
+    assert "Recompile it on this machine" in device_problems(cpu, "cpu", skylake)[0]
+    assert device_problems(cpu, "cpu", {"capability": "AVX512", "isa": "avx512 avx512_vnni avx512_bf16 amx_tile"}) == []
 
 
 def test_read_manifest_errors_say_what_to_do(tmp_path) -> None:
@@ -213,3 +225,36 @@ def test_tensorrt_kwargs_are_parameters_of_the_installed_torch_tensorrt() -> Non
     assert set(kwargs) <= set(compile_params) and "arg_inputs" in compile_params
     assert set(tensorrt_save_kwargs((1, 8, 32), torch.zeros(8, 3, 4, 4))) <= set(save_params)
     torch_tensorrt.Input(**tensorrt_input_spec((1, 8, 32), 224))
+
+
+def test_interrupted_compile_leftovers_are_cleaned_and_the_old_artifact_restored(tmp_path) -> None:
+    from compile.build import output_lock
+
+    output = tmp_path / "artifact"
+    (tmp_path / ".artifact.old-12345").mkdir()  # killed between moving the old artifact aside and renaming
+    (tmp_path / ".artifact.old-12345" / "manifest.json").write_text("{}")
+    (tmp_path / ".artifact.tmp-12345").mkdir()  # a half-built staging folder
+    (tmp_path / ".other.tmp-1").mkdir()  # another output's: not ours to touch
+    with output_lock(output):
+        assert (output / "manifest.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-1", "artifact"]
+
+
+def test_failed_rename_puts_the_old_artifact_back(tmp_path) -> None:
+    from compile.build import _move_into_place
+
+    output = tmp_path / "artifact"
+    output.mkdir()
+    (output / "manifest.json").write_text("old")
+    with pytest.raises(OSError):
+        _move_into_place(tmp_path / "missing-staging", output)
+    assert (output / "manifest.json").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["artifact"]
+
+
+def test_a_folder_with_someone_elses_manifest_is_not_an_artifact(tmp_path) -> None:
+    from compile.build import check_output_dir
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "my web app"}))
+    with pytest.raises(ValueError, match="not a compile-trt artifact"):
+        check_output_dir(tmp_path)

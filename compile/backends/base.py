@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +38,18 @@ class PrecisionCast(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images.to(self.dtype)).float()
+
+
+def use_exact_fp32(precision: str, device: torch.device) -> None:
+    """fp32 means IEEE fp32: no TF32 in cuDNN convolutions or cuBLAS matmuls on this process's GPU.
+
+    cuDNN allows TF32 by default, which moves logits by ~1e-3 relative on Ampere and later: enough
+    to fail the fp32 accuracy gate, and not what a user asking for fp32 expects. fp16/bf16 engines
+    are unaffected.
+    """
+    if precision == "fp32" and device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def example_batch(size: int, crop_size: int, device: torch.device) -> torch.Tensor:
@@ -70,9 +83,15 @@ class CompileBackend(ABC):
     engine_file: str  # the file name inside the artifact directory
     # Libraries whose major.minor must be the same at load time as at compile time.
     runtime_libraries: tuple[str, ...] = ("torch",)
+    # Of those, the ones that must match exactly (TensorRT engines deserialize only in their own version).
+    exact_version_libraries: tuple[str, ...] = ()
 
     def check_available(self, device: torch.device) -> None:  # noqa: B027 - most backends run anywhere
         """Raise ``BackendUnavailable`` if this backend cannot compile for ``device`` here."""
+
+    def config(self, settings: CompileSettings, device: torch.device) -> dict[str, Any]:
+        """The backend's own options that shape the engine (part of the cache key); JSON-serializable."""
+        return {}
 
     def extra_versions(self) -> tuple[str, ...]:
         """Packages (beyond torch/torchvision) whose versions go into the manifest and cache key."""

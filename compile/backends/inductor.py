@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +14,7 @@ from compile.backends.base import (
     example_batch,
     export_dynamic_batch,
     export_example_size,
+    use_exact_fp32,
 )
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
@@ -28,9 +30,13 @@ class InductorBackend(CompileBackend):
     engine_file = "model.pt2"
     runtime_libraries = ("torch",)
 
+    def config(self, settings: CompileSettings, device: torch.device) -> dict[str, Any]:
+        return {"inductor_configs": INDUCTOR_CONFIGS, "exact_fp32": settings.precision == "fp32"}
+
     def build(
         self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
     ) -> None:
+        use_exact_fp32(settings.precision, device)  # Triton matmul templates read it at compile time
         example = example_batch(export_example_size(settings.batch), crop_size, device)
         with torch.inference_mode():
             exported = export_dynamic_batch(model, example, settings.batch)
@@ -39,5 +45,6 @@ class InductorBackend(CompileBackend):
             )
 
     def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:
+        use_exact_fp32(manifest.precision, device)  # convolutions call cuDNN, which reads it at run time
         index = device.index if device.type == "cuda" and device.index is not None else -1
         return torch._inductor.aoti_load_package(str(path), device_index=index)

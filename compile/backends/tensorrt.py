@@ -70,6 +70,8 @@ def tensorrt_compile_kwargs(settings: CompileSettings, device: torch.device) -> 
         "cache_built_engines": False,
         "reuse_cached_engines": False,
         "truncate_double": True,
+        # fp32 means IEEE fp32: TensorRT would otherwise run fp32 layers in TF32 on Ampere and later.
+        "disable_tf32": settings.precision == "fp32",
     }
 
 
@@ -91,6 +93,7 @@ class TensorRTBackend(CompileBackend):
     name = "tensorrt"
     engine_file = "model.ep"
     runtime_libraries = ("torch", "torch_tensorrt", "tensorrt")
+    exact_version_libraries = ("tensorrt",)  # we build with version_compatible=False
 
     def check_available(self, device: torch.device) -> None:
         importable, reason = features.torch_tensorrt_status()
@@ -104,6 +107,11 @@ class TensorRTBackend(CompileBackend):
                 f"torch_tensorrt {version} is older than {'.'.join(map(str, MIN_TORCH_TENSORRT))}, the first "
                 "release whose save() keeps a dynamic batch. Use the image from Dockerfile.gpu."
             )
+
+    def config(self, settings: CompileSettings, device: torch.device) -> dict[str, Any]:
+        kwargs = tensorrt_compile_kwargs(settings, device)
+        kwargs["device"] = str(device)
+        return kwargs
 
     def extra_versions(self) -> tuple[str, ...]:
         return ("torch_tensorrt", "tensorrt")
