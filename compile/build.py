@@ -26,7 +26,7 @@ import torch
 from compile import _defaults
 from compile.backends import PRECISION_DTYPES, CompileBackend, PrecisionCast, get_backend, resolve_backend
 from compile.catalog import ModelEntry, get_model_entry
-from compile.features import describe_device, library_versions, package_version
+from compile.features import describe_device, library_versions, package_version, parse_device
 from compile.gate import GateReport, gate_inputs, run_gate, sample_photos
 from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, sha256_file, write_manifest
 from compile.progress import Progress
@@ -52,18 +52,11 @@ class CompileResult:
 
 
 def resolve_compile_device(device: str, cuda_count: int) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda:0" if cuda_count else "cpu")
-    if device == "cpu":
+    """One device to compile on: ``cuda`` and ``auto`` mean the first GPU."""
+    index = parse_device(device, cuda_count)
+    if index is None:
         return torch.device("cpu")
-    if cuda_count == 0:
-        raise ValueError(f"--device {device} asks for a GPU, but torch sees none. Use --device cpu or auto.")
-    if device == "cuda":
-        return torch.device("cuda:0")
-    index = device.removeprefix("cuda:")
-    if not index.isdigit() or int(index) >= cuda_count:
-        raise ValueError(f"--device {device}: there are {cuda_count} GPUs, so use cuda:0 .. cuda:{cuda_count - 1}.")
-    return torch.device(f"cuda:{index}")
+    return torch.device(f"cuda:{max(index, 0)}")
 
 
 def default_output(model: str, backend: str, precision: str, device: torch.device) -> Path:

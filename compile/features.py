@@ -93,6 +93,28 @@ def cpu_isa() -> str:
     return " ".join(tokens)
 
 
+ALL_GPUS = -1
+
+
+def parse_device(device: str, cuda_count: int) -> int | None:
+    """``--device`` -> None for the CPU, ``ALL_GPUS`` for ``cuda``, N for ``cuda:N``; errors say how to fix.
+
+    ``auto`` is every GPU torch sees, else the CPU. GPU numbers are torch's (within CUDA_VISIBLE_DEVICES).
+    """
+    if device == "auto":
+        device = "cuda" if cuda_count > 0 else "cpu"
+    if device == "cpu":
+        return None
+    if cuda_count == 0:
+        raise ValueError(f"--device {device} asks for a GPU, but torch sees none. Use --device cpu or auto.")
+    if device == "cuda":
+        return ALL_GPUS
+    index = device.removeprefix("cuda:")
+    if not index.isdigit() or int(index) >= cuda_count:
+        raise ValueError(f"--device {device}: there are {cuda_count} GPUs, so use cuda:0 .. cuda:{cuda_count - 1}.")
+    return int(index)
+
+
 # torch's CPU capabilities from least to most: code built for one runs where a later one is reported.
 CPU_CAPABILITY_ORDER = ("DEFAULT", "AVX2", "AVX512")
 

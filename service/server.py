@@ -21,6 +21,7 @@ import torch
 from litserve.utils import WorkerSetupStatus
 
 from compile.catalog import get_model_entry
+from compile.features import ALL_GPUS, parse_device
 from compile.manifest import Manifest
 from preprocessing import resolve_backend
 from service import _defaults
@@ -48,21 +49,16 @@ def resolve_device(
 
     ``visible_devices`` is the CUDA_VISIBLE_DEVICES already in force: torch numbers GPUs within it.
     """
-    if device == "auto":
-        device = "cuda" if cuda_count > 0 else "cpu"
-    if device == "cpu":
+    index = parse_device(device, cuda_count)
+    if index is None:
         return "cpu", "auto", {}
-    if cuda_count == 0:
-        raise ValueError(f"--device {device} asks for a GPU, but torch sees none. Use --device cpu or auto.")
-    if device == "cuda":
+    if index == ALL_GPUS:
         return "cuda", cuda_count, {}
-    index = device.removeprefix("cuda:")
-    if not index.isdigit() or int(index) >= cuda_count:
-        raise ValueError(f"--device {device}: there are {cuda_count} GPUs, so use cuda:0 .. cuda:{cuda_count - 1}.")
     # One chosen GPU: show the worker only that one, and it becomes its cuda:0.
+    visible = str(index)
     if visible_devices:
-        index = [d.strip() for d in visible_devices.split(",")][int(index)]
-    return "cuda", 1, {"CUDA_VISIBLE_DEVICES": index}
+        visible = [d.strip() for d in visible_devices.split(",")][index]
+    return "cuda", 1, {"CUDA_VISIBLE_DEVICES": visible}
 
 
 class VisionLitServer(ls.LitServer):

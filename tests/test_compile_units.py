@@ -258,3 +258,16 @@ def test_a_folder_with_someone_elses_manifest_is_not_an_artifact(tmp_path) -> No
     (tmp_path / "manifest.json").write_text(json.dumps({"name": "my web app"}))
     with pytest.raises(ValueError, match="not a compile-trt artifact"):
         check_output_dir(tmp_path)
+
+
+def test_compile_device_is_one_device() -> None:
+    from compile.build import resolve_compile_device
+
+    assert resolve_compile_device("auto", 0) == torch.device("cpu")
+    assert resolve_compile_device("auto", 2) == torch.device("cuda:0")
+    assert resolve_compile_device("cuda", 2) == torch.device("cuda:0")
+    assert resolve_compile_device("cuda:1", 2) == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"cuda:0 \.\. cuda:1"):
+        resolve_compile_device("cuda:2", 2)
+    with pytest.raises(ValueError, match="torch sees none"):
+        resolve_compile_device("cuda", 0)
