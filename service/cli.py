@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         kwargs = {"type": type(f.default), "default": None, "metavar": f.name.upper()}
         if f.name == "log_level":
             kwargs = {"choices": LOG_LEVELS, "default": None}
-        parser.add_argument(flag, help=f"{_HELP[f.name]} (default: {f.default}; env {env_var(f.name)})", **kwargs)
+        default = f.default if f.default != "" else "none"
+        parser.add_argument(flag, help=f"{_HELP[f.name]} (default: {default}; env {env_var(f.name)})", **kwargs)
     return parser
 
 
