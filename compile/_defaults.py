@@ -14,6 +14,8 @@ IMAGENET_LABELS_SOURCE = "torchvision.models.ResNet152_Weights.DEFAULT.meta['cat
 EFFICIENTNET_LITE_MEAN = (127.0 / 255.0,) * 3
 EFFICIENTNET_LITE_STD = (128.0 / 255.0,) * 3
 
+LOG_LEVELS = ("debug", "info", "warning", "error")  # for compile-trt and vision-serve
+
 # ---- compile-trt --------------------------------------------------------------------------------
 BACKENDS = ("auto", "tensorrt", "inductor", "eager")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -44,6 +46,9 @@ GATE_THRESHOLDS = {
     "fp16": {"top1_agreement": 0.95, "top5_overlap": 0.9, "cosine": 0.999, "max_rel_error": 0.05},
     "bf16": {"top1_agreement": 0.9, "top5_overlap": 0.9, "cosine": 0.99, "max_rel_error": 0.1},
 }
+# The real photos of the gate (and of the demo): scikit-image's samples, public domain or CC0, so the
+# project ships no image files. A cat, an espresso, an astronaut, a rocket.
+SAMPLE_PHOTOS = ("chelsea", "coffee", "astronaut", "rocket")
 # Random inputs added to the real sample images, seeded so two compiles see the same ones.
 GATE_RANDOM_INPUTS = 16
 GATE_SEED = 0

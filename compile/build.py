@@ -198,7 +198,7 @@ def compile_artifact(settings: CompileSettings, progress: Progress | None = None
         staging.mkdir(parents=True)
         try:
             manifest = _manifest(
-                settings, entry, loaded, backend, device_info, versions, key, weights_sha256, sha256_of, 0.0
+                settings, entry, loaded, backend, device_info, versions, key, weights_sha256, sha256_of
             )
             manifest = build_and_gate(plan, loaded, manifest, staging, progress)
             write_manifest(staging, manifest)
@@ -286,8 +286,8 @@ def _manifest(
     key: str,
     weights_sha256: str,
     sha256_of: str,
-    compile_seconds: float,
 ) -> Manifest:
+    """The manifest as far as it is known before the build; build_and_gate fills in the rest."""
     low, opt, high = settings.batch
     return Manifest(
         format_version=_defaults.MANIFEST_FORMAT_VERSION,
@@ -312,7 +312,7 @@ def _manifest(
         engine_sha256="",
         versions=versions,
         compiled_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        compile_seconds=round(compile_seconds, 2),
+        compile_seconds=0.0,
         compile_settings=settings.as_dict(),
         validation={},
         cache_key=key,

@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         elif f.name in ("backend", "precision"):
             kwargs = {"choices": _defaults.BACKENDS if f.name == "backend" else _defaults.PRECISIONS}
         elif f.name == "log_level":
-            kwargs = {"choices": ("debug", "info", "warning", "error")}
+            kwargs = {"choices": _defaults.LOG_LEVELS}
         elif f.name.startswith("gate_m"):
             kwargs = {"type": float, "metavar": "X"}
             default = "per precision"

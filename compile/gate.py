@@ -16,13 +16,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from compile import _defaults
 from compile.backends.base import EngineCallable
 from compile.catalog import ModelEntry
 from preprocessing.pil_backend import PilPreprocessor
 
 logger = logging.getLogger(__name__)
 
-SKIMAGE_SAMPLES = ("chelsea", "coffee", "astronaut", "rocket")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 # Bounds how long the gate takes with a big --gate-images folder.
 MAX_GATE_IMAGES = 64
@@ -87,7 +87,7 @@ def sample_photos(folder: str = "") -> list[tuple[str, bytes]]:
         )
         return []
     photos = []
-    for name in SKIMAGE_SAMPLES:
+    for name in _defaults.SAMPLE_PHOTOS:
         buf = io.BytesIO()
         Image.fromarray(getattr(data, name)()).convert("RGB").save(buf, format="PNG")
         photos.append((name, buf.getvalue()))

@@ -25,7 +25,6 @@ from fastapi import Depends
 from fastapi.responses import JSONResponse
 from PIL import Image
 
-from compile.catalog import ModelEntry
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager
 from service.request_parsing import ImageRequest, read_image_request
@@ -85,8 +84,7 @@ class ClassifierAPI(ls.LitAPI):
             warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
             super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
         self.settings = settings
-        self.engine = ENGINE_EAGER
-        self.model_entry: ModelEntry | None = None
+        self.served: ServedModel | None = None  # set in setup(), in the worker
 
     def setup(self, device: str) -> None:
         # Ctrl-C in a terminal reaches the whole process group; the main process stops the server
@@ -100,14 +98,12 @@ class ClassifierAPI(ls.LitAPI):
             self.served = load_artifact(self.settings.artifact, torch_device)
         else:
             self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
-        self.model_entry = self.served.entry
-        self.engine = self.served.engine_name
         self.torch_device = torch_device
-        self.preprocessor = create_preprocessor(self.settings.preprocess, self.model_entry.preprocess, torch_device)
+        self.preprocessor = create_preprocessor(self.settings.preprocess, self.served.entry.preprocess, torch_device)
         logger.info(
             "Model loaded: model=%s engine=%s device=%s, %s; warming up",
-            self.model_entry.name,
-            self.engine,
+            self.served.entry.name,
+            self.served.engine_name,
             torch_device,
             self.served.description,
         )
@@ -148,7 +144,7 @@ class ClassifierAPI(ls.LitAPI):
         if not ok:
             return results
         started = time.perf_counter()
-        k = min(max(batch.top_k[i] for i in ok), self.model_entry.num_classes)
+        k = min(max(batch.top_k[i] for i in ok), self.served.entry.num_classes)
         with torch.inference_mode():
             logits = self.served(prepared.images)
             # Softmax and top-k on the device: only k values per image cross back to the host.
@@ -166,13 +162,13 @@ class ClassifierAPI(ls.LitAPI):
         }
         if output.error is not None:
             return JSONResponse({"detail": output.error.detail}, status_code=output.error.status_code, headers=headers)
-        labels = self.model_entry.labels
+        labels = self.served.entry.labels
         body = {
             "predictions": [
                 {"index": index, "label": labels[index], "probability": probability}
                 for index, probability in output.predictions
             ],
-            "model": self.model_entry.name,
-            "engine": self.engine,
+            "model": self.served.entry.name,
+            "engine": self.served.engine_name,
         }
         return JSONResponse(body, headers=headers)

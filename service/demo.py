@@ -19,6 +19,7 @@ import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 
+from compile._defaults import SAMPLE_PHOTOS
 from compile.catalog import get_model_entry
 from compile.weights import torchvision_cache_file
 from service.classify_cli import classify_all, print_outcomes
@@ -26,8 +27,6 @@ from service.process import ServerProcess, ServerStartError
 
 logger = logging.getLogger(__name__)
 
-# scikit-image's sample images: public domain or CC0, so the demo ships no image files.
-SAMPLE_IMAGES = ("chelsea", "coffee", "astronaut", "rocket")
 FALLBACK_MODEL = "efficientnet-lite0"
 
 
@@ -36,7 +35,7 @@ def write_sample_images(directory: Path) -> list[Path]:
     from skimage import data
 
     paths = []
-    for name in SAMPLE_IMAGES:
+    for name in SAMPLE_PHOTOS:
         path = directory / f"{name}.jpg"
         Image.fromarray(getattr(data, name)()).convert("RGB").save(path, quality=92)
         paths.append(path)

@@ -60,27 +60,24 @@ def artifact_versions(manifest: Manifest) -> dict[str, str]:
     return library_versions(get_backend(manifest.backend).extra_versions())
 
 
-def check_artifact(directory: str | Path, device_type: str) -> Manifest:
-    """The artifact's manifest if this environment can serve it on ``device_type``; else ``ValueError``.
+def ensure_servable(
+    manifest: Manifest, directory: str | Path, device_type: str, device_info: dict[str, str] | None
+) -> None:
+    """``ValueError`` saying why and how to fix it, if this environment cannot serve ``manifest``.
 
-    Runs in the server's main process, so it checks what needs no GPU context: the device type, the
-    CPU's instruction sets, the library versions. The worker checks the GPU model when it loads the engine.
+    ``device_info`` None skips the device model check: the server's main process checks a GPU
+    artifact without creating a GPU context, and the worker checks the GPU when it loads the engine.
     """
-    manifest = read_manifest(directory)
-    here = describe_device(torch.device("cpu")) if device_type == "cpu" else None
-    problems = device_problems(manifest, device_type, here) + version_problems(manifest, artifact_versions(manifest))
+    problems = device_problems(manifest, device_type, device_info)
+    problems += version_problems(manifest, artifact_versions(manifest))
     if problems:
         raise ValueError(describe_problems(str(directory), problems))
-    return manifest
 
 
 def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
     directory = Path(directory).expanduser()
     manifest = read_manifest(directory)
-    problems = device_problems(manifest, device.type, describe_device(device))
-    problems += version_problems(manifest, artifact_versions(manifest))
-    if problems:
-        raise ValueError(describe_problems(str(directory), problems))
+    ensure_servable(manifest, directory, device.type, describe_device(device))
     run = get_backend(manifest.backend).load(directory / manifest.engine_file, manifest, device)
     return ServedModel(
         entry=entry_from_manifest(manifest),

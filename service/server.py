@@ -21,12 +21,12 @@ import torch
 from litserve.utils import WorkerSetupStatus
 
 from compile.catalog import get_model_entry
-from compile.features import ALL_GPUS, parse_device
+from compile.features import ALL_GPUS, describe_device, parse_device
 from compile.manifest import Manifest
 from preprocessing import resolve_backend
 from service import _defaults
 from service.api import ClassifierAPI
-from service.engine import ENGINE_EAGER, check_artifact
+from service.engine import ENGINE_EAGER, ensure_servable
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,9 @@ def apply_artifact(settings: ServeSettings, cuda_count: int | None = None) -> tu
         )
         device = "cuda:0"
     device_type = "cpu" if device == "cpu" else "cuda"
-    check_artifact(settings.artifact, device_type)
+    # Describing the CPU is cheap; describing a GPU would create a CUDA context in this process.
+    here = describe_device(torch.device("cpu")) if device_type == "cpu" else None
+    ensure_servable(manifest, settings.artifact, device_type, here)
     if settings.model not in (_defaults.MODEL, manifest.model):
         raise ValueError(
             f"--model {settings.model} conflicts with --artifact {settings.artifact}, which holds {manifest.model}. "

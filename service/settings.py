@@ -6,10 +6,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
+from compile._defaults import LOG_LEVELS
 from service import _defaults
 
 ALLOWED_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe's run() accepts
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
