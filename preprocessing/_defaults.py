@@ -21,5 +21,21 @@ ALPHA_BACKGROUND = (255, 255, 255)
 # resizing); capped because the model needs the cores too.
 PIL_MAX_THREADS = 4
 
-# Backend names, in the order `auto` tries them on a GPU. Only `pil` exists so far.
-BACKENDS = ("pil",)
+# Backend names, in the order `auto` tries them on a GPU; `auto` on a CPU picks `pil`.
+BACKENDS = ("dali", "cvcuda", "torch", "pil")
+# Backends that need a CUDA device (dali and torch also run their graph on the CPU).
+GPU_ONLY_BACKENDS = ("cvcuda",)
+
+# Largest batch a device backend decodes in one call when the server does not say (DALI sizes its
+# pipeline by it); larger inputs are decoded in chunks of this size.
+DEVICE_MAX_BATCH = 64
+
+# Device decoders decode at full resolution (Pillow's JPEG draft mode decodes big photos at 1/2..1/8
+# scale); above this many pixels an image goes to Pillow, which bounds a batch's decoded size on the
+# GPU (64 x 24 MP x 3 bytes = 4.6 GB) and is the cheaper path for such images anyway. 12 MP and
+# 20 MP camera photos stay on the device.
+DEVICE_MAX_IMAGE_PIXELS = 24_000_000
+
+# DALI's CPU worker threads (its CPU decoders and, on a GPU, the host side of nvJPEG); capped like
+# Pillow's because the model and the HTTP process need the cores too.
+DALI_MAX_THREADS = 4

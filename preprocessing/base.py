@@ -92,4 +92,8 @@ class Normalizer:
 
     def __call__(self, batch_nhwc_uint8: torch.Tensor) -> torch.Tensor:
         x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-        return torch.addcmul(self.bias, x, self.scale)
+        return self.nchw(x)
+
+    def nchw(self, batch_nchw: torch.Tensor) -> torch.Tensor:
+        """Normalize an NCHW batch of 0..255 values (any float dtype) that is already on the device."""
+        return torch.addcmul(self.bias, batch_nchw, self.scale)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from preprocessing import _defaults
 from preprocessing.base import ImageDecodeError, ImageError, Normalizer, PreparedBatch, Preprocessor
+from preprocessing.geometry import plan_crop
+from preprocessing.probe import JPEG_FORMATS, open_image
 from preprocessing.spec import PreprocessSpec
 
 logger = logging.getLogger(__name__)
@@ -26,41 +26,6 @@ _RESAMPLE = {
 }
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
-SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
-# Pillow decoders we let near untrusted bytes: the formats we promise, nothing more (no EPS, which
-# would hand the bytes to Ghostscript, nor the many exotic formats Pillow also reads). MPO is how
-# Pillow names the multi-picture JPEGs many phones write; its JPEG opener returns those itself.
-PIL_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
-_SIGNATURES = {
-    b"\xff\xd8\xff": "JPEG",
-    b"\x89PNG\r\n\x1a\n": "PNG",
-    b"GIF87a": "GIF",
-    b"GIF89a": "GIF",
-    b"BM": "BMP",
-    b"II*\x00": "TIFF",
-    b"MM\x00*": "TIFF",
-}
-
-
-def sniff_format(data: bytes) -> str | None:
-    """The image format that ``data`` starts like, from its magic bytes alone."""
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WebP"
-    return next((fmt for magic, fmt in _SIGNATURES.items() if data.startswith(magic)), None)
-
-
-def resized_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
-    """Size after scaling the shorter side to ``shorter_side``; same rounding as torchvision's Resize."""
-    short, long = (width, height) if width <= height else (height, width)
-    new_long = int(shorter_side * long / short)
-    return (shorter_side, new_long) if width <= height else (new_long, shorter_side)
-
-
-def center_crop_box(width: int, height: int, crop: int) -> tuple[int, int, int, int]:
-    """Crop box with torchvision CenterCrop's offsets."""
-    left = round((width - crop) / 2.0)
-    top = round((height - crop) / 2.0)
-    return left, top, left + crop, top + crop
 
 
 def to_rgb(img: Image.Image, background: tuple[int, int, int] = _defaults.ALPHA_BACKGROUND) -> Image.Image:
@@ -140,34 +105,7 @@ class PilPreprocessor(Preprocessor):
 
     def decode(self, data: bytes) -> np.ndarray:
         """One encoded image -> ``crop x crop x 3`` uint8 array; raises ``ImageDecodeError``."""
-        if not data:
-            raise ImageDecodeError(400, "The image is empty (0 bytes). Send the image file's bytes.")
-        try:
-            with warnings.catch_warnings():
-                # Our own pixel limit below replaces Pillow's DecompressionBombWarning.
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
-        except UnidentifiedImageError:
-            claimed = sniff_format(data)
-            if claimed:
-                raise ImageDecodeError(400, f"The {claimed} image is corrupt: its header cannot be parsed.") from None
-            raise ImageDecodeError(
-                415, f"The data is not an image format we can read. Send {SUPPORTED_FORMATS_HINT} bytes."
-            ) from None
-        except Image.DecompressionBombError:
-            raise ImageDecodeError(
-                413, f"The image header claims more than {self.max_image_pixels:,} pixels. Downscale it before sending."
-            ) from None
-        except Exception as exc:  # a corrupt header can raise almost anything inside Pillow's plugins
-            raise ImageDecodeError(400, f"The image header is corrupt: {exc}") from None
-
-        width, height = img.size
-        if width * height > self.max_image_pixels:
-            raise ImageDecodeError(
-                413,
-                f"The image is {width}x{height} = {width * height:,} pixels, more than the limit of "
-                f"{self.max_image_pixels:,}. Downscale it before sending.",
-            )
+        img = open_image(data, self.max_image_pixels)
         try:
             return self._transform(img)
         except ImageDecodeError:
@@ -177,24 +115,20 @@ class PilPreprocessor(Preprocessor):
 
     def _transform(self, img: Image.Image) -> np.ndarray:
         spec = self.spec
-        if self.use_jpeg_draft and img.format in ("JPEG", "MPO"):
+        if self.use_jpeg_draft and img.format in JPEG_FORMATS:
             wanted = spec.resize_size * _defaults.JPEG_DRAFT_HEADROOM
             if min(img.size) >= 2 * wanted:
                 # draft() picks the largest 1/2, 1/4, 1/8 scale that keeps both sides >= wanted.
                 img.draft(None, (wanted, wanted))
         img = ImageOps.exif_transpose(img)  # loads the pixels; phone photos are stored sideways
         img = to_rgb(img)
-        width, height = img.size
-        new_width, new_height = resized_size(width, height, spec.resize_size)
-        box = center_crop_box(new_width, new_height, spec.crop_size)
+        plan = plan_crop(*img.size, spec)
+        new_width, new_height = plan.resized
         if new_width * new_height <= _defaults.MAX_RESIZED_AREA_FACTOR * spec.resize_size**2:
             # Resize, then crop: exactly torchvision's Resize + CenterCrop.
-            img = img.resize((new_width, new_height), self._resample).crop(box)
+            img = img.resize(plan.resized, self._resample).crop(plan.box)
         else:
             # A long strip (a 1 x 100000 PNG is 300 bytes) would resize to gigabytes: resample only
             # the crop region. Same geometry; pixels within 2 uint8 levels of the path above.
-            scale_x, scale_y = width / new_width, height / new_height
-            left, top, right, bottom = box
-            source_box = (left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)
-            img = img.resize((spec.crop_size, spec.crop_size), self._resample, box=source_box)
+            img = img.resize((spec.crop_size, spec.crop_size), self._resample, box=plan.source_box)
         return np.asarray(img, dtype=np.uint8)

@@ -99,7 +99,12 @@ class ClassifierAPI(ls.LitAPI):
         else:
             self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
         self.torch_device = torch_device
-        self.preprocessor = create_preprocessor(self.settings.preprocess, self.served.entry.preprocess, torch_device)
+        self.preprocessor = create_preprocessor(
+            self.settings.preprocess,
+            self.served.entry.preprocess,
+            torch_device,
+            max_batch_size=self.settings.max_batch_size,
+        )
         logger.info(
             "Model loaded: model=%s engine=%s device=%s, %s; warming up",
             self.served.entry.name,

@@ -17,7 +17,8 @@ _HELP = {
     "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
     "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
     "device": "auto, cpu, cuda (every GPU) or cuda:N",
-    "preprocess": "preprocessing backend: auto or pil",
+    "preprocess": "preprocessing backend: auto (first usable of dali, cvcuda, torch on a GPU; pil on a CPU), "
+    "dali, cvcuda, torch or pil",
     "max_batch_size": "largest batch the model sees (1 turns batching off)",
     "batch_timeout_ms": "how long the first request of a batch waits for more",
     "workers_per_device": "inference worker processes per device",

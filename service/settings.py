@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 from compile._defaults import LOG_LEVELS
+from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service import _defaults
 
 ALLOWED_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe's run() accepts
@@ -42,6 +43,10 @@ class ServeSettings:
             raise ValueError(f"--port must be in 1024..65535, got {self.port}.")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}.")
+        if self.preprocess not in ("auto", *PREPROCESS_BACKENDS):
+            raise ValueError(
+                f"--preprocess must be auto or one of {', '.join(PREPROCESS_BACKENDS)}, got {self.preprocess!r}."
+            )
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
 

@@ -15,7 +15,8 @@ from PIL import Image
 
 from compile.catalog import get_model_entry
 from preprocessing import PreprocessSpec, create_preprocessor
-from preprocessing.pil_backend import PilPreprocessor, center_crop_box, resized_size
+from preprocessing.geometry import center_crop_box, resized_size
+from preprocessing.pil_backend import PilPreprocessor
 from tests.conftest import encode, sample_array
 
 RESNET = get_model_entry("resnet152").preprocess

@@ -1,0 +1,130 @@
+"""Read an image's header without decoding its pixels: reject bad input early, route the rest.
+
+Every backend calls ``probe_image`` first. It turns empty, unknown, corrupt-header and oversized
+inputs into their 4xx errors before any decoder sees them, which matters most for the batched
+device decoders: one bad item makes a whole DALI or nvJPEG batch fail. It also tells which items
+a device decoder can take (``decodes_on_device``) and which must be decoded by Pillow.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, UnidentifiedImageError
+
+from preprocessing import _defaults
+from preprocessing.base import ImageDecodeError
+
+SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
+# Pillow decoders we let near untrusted bytes: the formats we promise, nothing more (no EPS, which
+# would hand the bytes to Ghostscript, nor the many exotic formats Pillow also reads). MPO is how
+# Pillow names the multi-picture JPEGs many phones write; its JPEG opener returns those itself.
+PIL_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+JPEG_FORMATS = ("JPEG", "MPO")
+_SIGNATURES = {
+    b"\xff\xd8\xff": "JPEG",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+}
+_EXIF_ORIENTATION_TAG = 0x0112
+_ORIENTATIONS = {k: k for k in range(1, 9)}
+_TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # stored sideways: width and height swap on display
+_JPEG_END_OF_IMAGE = b"\xff\xd9"
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format that ``data`` starts like, from its magic bytes alone."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP"
+    return next((fmt for magic, fmt in _SIGNATURES.items() if data.startswith(magic)), None)
+
+
+def open_image(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS) -> Image.Image:
+    """Parse the header with Pillow (pixels stay undecoded); raises ``ImageDecodeError`` with a 4xx."""
+    if not data:
+        raise ImageDecodeError(400, "The image is empty (0 bytes). Send the image file's bytes.")
+    try:
+        with warnings.catch_warnings():
+            # Our own pixel limit below replaces Pillow's DecompressionBombWarning.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
+    except UnidentifiedImageError:
+        claimed = sniff_format(data)
+        if claimed:
+            raise ImageDecodeError(400, f"The {claimed} image is corrupt: its header cannot be parsed.") from None
+        raise ImageDecodeError(
+            415, f"The data is not an image format we can read. Send {SUPPORTED_FORMATS_HINT} bytes."
+        ) from None
+    except Image.DecompressionBombError:
+        raise ImageDecodeError(
+            413, f"The image header claims more than {max_image_pixels:,} pixels. Downscale it before sending."
+        ) from None
+    except Exception as exc:  # a corrupt header can raise almost anything inside Pillow's plugins
+        raise ImageDecodeError(400, f"The image header is corrupt: {exc}") from None
+    width, height = img.size
+    if width * height > max_image_pixels:
+        raise ImageDecodeError(
+            413,
+            f"The image is {width}x{height} = {width * height:,} pixels, more than the limit of "
+            f"{max_image_pixels:,}. Downscale it before sending.",
+        )
+    return img
+
+
+@dataclass(frozen=True)
+class ImageProbe:
+    """What the header says about one image."""
+
+    format: str  # Pillow's format name: JPEG, MPO, PNG, WEBP, GIF, BMP, TIFF
+    mode: str  # Pillow's mode: RGB, L, CMYK, RGBA, I;16, P, ...
+    width: int  # as displayed, i.e. after the EXIF orientation
+    height: int
+    orientation: int  # EXIF orientation, 1 (upright) when absent; read for JPEGs only
+    ends_cleanly: bool  # JPEG: ends with the end-of-image marker (a cheap truncation check)
+
+    @property
+    def decodes_on_device(self) -> bool:
+        """Whether the device decoders (nvJPEG via DALI, nvImageCodec, torchvision) should take it.
+
+        Complete 8-bit grayscale or YCbCr JPEGs: what nvJPEG and its hardware engine decode, and
+        almost all photo traffic. CMYK/YCCK JPEGs (Adobe's inverted CMYK trips decoders up), and
+        PNG, WebP, GIF, BMP and TIFF (decoded on the CPU by every one of those libraries anyway)
+        go through Pillow, which composites alpha and scales 16-bit the same way for every backend.
+        A JPEG without its end marker goes to Pillow as well, which names the truncation instead
+        of failing a device batch.
+        """
+        return self.format in JPEG_FORMATS and self.mode in ("RGB", "L") and self.ends_cleanly
+
+
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation Pillow's ``exif_transpose`` would apply (1 when absent or malformed).
+
+    Same rule as ``exif_transpose`` (a dict lookup): a value equal to one of 2..8 counts (6, 6.0,
+    6/1), anything else (bytes, text, 6/0) leaves the image as stored, in every backend.
+    """
+    try:
+        # Pillow's JPEG opener has already read the APP1 (EXIF) segment: no extra parsing.
+        value = img.getexif().get(_EXIF_ORIENTATION_TAG, 1)
+        return _ORIENTATIONS.get(value, 1)
+    except Exception:  # unhashable or corrupt EXIF: Pillow's decode path will name any real problem
+        return 1
+
+
+def probe_image(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS) -> ImageProbe:
+    """Header facts of one image; raises ``ImageDecodeError`` (4xx) for input no backend should decode."""
+    img = open_image(data, max_image_pixels)
+    width, height = img.size
+    orientation, ends_cleanly = 1, True
+    if img.format in JPEG_FORMATS:
+        orientation = exif_orientation(img)
+        # Trailing padding after the marker is common and harmless.
+        ends_cleanly = data.rstrip(b"\x00\r\n ").endswith(_JPEG_END_OF_IMAGE)
+    if orientation in _TRANSPOSING_ORIENTATIONS:
+        width, height = height, width
+    return ImageProbe(img.format, img.mode, width, height, orientation, ends_cleanly)

@@ -1,0 +1,59 @@
+"""torchvision + torch: decode JPEGs with ``torchvision.io.decode_jpeg`` (nvJPEG on a GPU, batched),
+resize (antialiased), crop and normalize with torch ops on the device. No dependency beyond torch.
+
+It runs on the CPU too (libjpeg-turbo decode), which keeps it tested where no GPU is; ``auto``
+only picks it on a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem
+from preprocessing.geometry import CropPlan, orient, plan_crop
+
+
+class TorchPreprocessor(DeviceDecodePreprocessor):
+    name = "torch"
+
+    def decode_on_device(self, items: Sequence[DeviceItem]) -> torch.Tensor:
+        if self.device.type == "cuda":
+            # torchvision's CUDA decoder allocates its outputs on our stream but decodes on its own
+            # without waiting for ours (pytorch/vision#9606): let freed blocks settle first.
+            torch.cuda.current_stream(self.device).synchronize()
+        # bytearray: torch.frombuffer wants a writable buffer (the decoder only reads it).
+        encoded = [torch.frombuffer(bytearray(item.data), dtype=torch.uint8) for item in items]
+        # decode_jpeg ignores apply_exif_orientation on CUDA (torchvision 0.29), so the orientation
+        # from the header probe is applied here, the same way on every device.
+        with warnings.catch_warnings():
+            # torchvision 0.29 deprecates its decoders in favour of TorchCodec; they still work.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+        crops = [
+            self._resize_crop(orient(image, item.probe.orientation)) for image, item in zip(images, items, strict=True)
+        ]
+        return self.normalize.nchw(torch.stack(crops))
+
+    def _resize_crop(self, image: torch.Tensor) -> torch.Tensor:
+        """uint8 CHW -> float CHW crop of 0..255 values."""
+        # The geometry comes from the decoded image itself, so it holds even if a decoder read the
+        # EXIF orientation differently from the header probe.
+        plan: CropPlan = plan_crop(image.shape[2], image.shape[1], self.spec)
+        width, height = plan.resized
+        mode = self.spec.interpolation
+        resized = F.interpolate(
+            image.unsqueeze(0).float(),
+            size=(height, width),
+            # nearest-exact samples pixel centres, as Pillow does; plain nearest floors.
+            mode="nearest-exact" if mode == "nearest" else mode,
+            antialias=mode != "nearest",
+            align_corners=None if mode == "nearest" else False,
+        )
+        left, top, right, bottom = plan.box
+        # Bicubic overshoots at edges; Pillow clamps to the 0..255 range, so do we.
+        return resized[0, :, top:bottom, left:right].clamp_(0.0, 255.0)
