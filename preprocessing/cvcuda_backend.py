@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from preprocessing import _defaults
 from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem, DeviceItemsFailed
 from preprocessing.geometry import plan_crop
 from preprocessing.spec import PreprocessSpec
@@ -38,18 +37,9 @@ def cvcuda_problem() -> str | None:
 class CvcudaPreprocessor(DeviceDecodePreprocessor):
     name = "cvcuda"
 
-    def __init__(
-        self,
-        spec: PreprocessSpec,
-        device: torch.device | str = "cuda",
-        *,
-        max_batch_size: int = _defaults.DEVICE_MAX_BATCH,
-        max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS,
-        num_threads: int | None = None,
-    ) -> None:
-        super().__init__(
-            spec, device, max_batch_size=max_batch_size, max_image_pixels=max_image_pixels, num_threads=num_threads
-        )
+    def __init__(self, spec: PreprocessSpec, device: torch.device | str = "cuda", **options: int | None) -> None:
+        """``options``: those of ``DeviceDecodePreprocessor`` (max_batch_size, max_image_pixels, num_threads)."""
+        super().__init__(spec, device, **options)
         if self.device.type != "cuda":
             raise ValueError(f"The cvcuda backend needs a CUDA device, got {self.device}. Use dali, torch or pil.")
         problem = cvcuda_problem()

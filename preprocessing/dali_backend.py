@@ -97,13 +97,11 @@ class DaliPreprocessor(DeviceDecodePreprocessor):
         spec: PreprocessSpec,
         device: torch.device | str = "cpu",
         *,
-        max_batch_size: int = _defaults.DEVICE_MAX_BATCH,
-        max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS,
         num_threads: int | None = None,
+        **options: int,
     ) -> None:
-        super().__init__(
-            spec, device, max_batch_size=max_batch_size, max_image_pixels=max_image_pixels, num_threads=num_threads
-        )
+        """``options``: ``max_batch_size`` and ``max_image_pixels`` of ``DeviceDecodePreprocessor``."""
+        super().__init__(spec, device, num_threads=num_threads, **options)
         problem = dali_problem()
         if problem:
             raise RuntimeError(problem)
@@ -112,7 +110,7 @@ class DaliPreprocessor(DeviceDecodePreprocessor):
         device_id = None
         if self.device.type == "cuda":
             device_id = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self._pipe = build_pipeline(spec, max_batch_size, num_threads, device_id)
+        self._pipe = build_pipeline(spec, self.max_batch_size, num_threads, device_id)
 
     def decode_on_device(self, items: Sequence[DeviceItem]) -> torch.Tensor:
         from nvidia.dali.plugin.pytorch import feed_ndarray
