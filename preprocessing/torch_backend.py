@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem
-from preprocessing.geometry import CropPlan, orient, plan_crop
+from preprocessing.geometry import CropPlan, orient
 
 
 class TorchPreprocessor(DeviceDecodePreprocessor):
@@ -35,15 +35,14 @@ class TorchPreprocessor(DeviceDecodePreprocessor):
             warnings.simplefilter("ignore", DeprecationWarning)
             images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
         crops = [
-            self._resize_crop(orient(image, item.probe.orientation)) for image, item in zip(images, items, strict=True)
+            self._resize_crop(orient(image, item.probe.orientation), item.plan)
+            for image, item in zip(images, items, strict=True)
         ]
         return self.normalize.nchw(torch.stack(crops))
 
-    def _resize_crop(self, image: torch.Tensor) -> torch.Tensor:
-        """uint8 CHW -> float CHW crop of 0..255 values."""
-        # The geometry comes from the decoded image itself, so it holds even if a decoder read the
-        # EXIF orientation differently from the header probe.
-        plan: CropPlan = plan_crop(image.shape[2], image.shape[1], self.spec)
+    def _resize_crop(self, image: torch.Tensor, plan: CropPlan) -> torch.Tensor:
+        """Upright uint8 CHW -> float CHW crop of 0..255 values, with the probe's geometry (the decoder
+        does not rotate, ``orient`` does, so the image has the probe's displayed size)."""
         width, height = plan.resized
         mode = self.spec.interpolation
         resized = F.interpolate(
