@@ -66,12 +66,18 @@ def resolve_backend(name: str, device: torch.device | str) -> tuple[str, str]:
 
 
 def create_preprocessor(
-    name: str, spec: PreprocessSpec, device: torch.device | str, *, max_batch_size: int = _defaults.DEVICE_MAX_BATCH
+    name: str,
+    spec: PreprocessSpec,
+    device: torch.device | str,
+    *,
+    max_batch_size: int = _defaults.DEVICE_MAX_BATCH,
+    max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS,
 ) -> Preprocessor:
     """The backend ``name`` resolves to, built for ``spec`` on ``device``.
 
     ``max_batch_size`` is the largest batch the caller will pass; the device backends size their
-    buffers (DALI its pipeline) for it. With ``auto``, a backend that imports but fails to start
+    buffers (DALI its pipeline) for it. Images whose header claims more than ``max_image_pixels``
+    get a 413 before any decoder sees them. With ``auto``, a backend that imports but fails to start
     (say, DALI on a driver too old for its CUDA) is skipped with a warning for the next usable one.
     """
     device = torch.device(device)
@@ -82,7 +88,7 @@ def create_preprocessor(
         candidates += [other for other in later if backend_problem(other, device) is None]
     for position, candidate in enumerate(candidates):
         try:
-            preprocessor = _construct(candidate, spec, device, max_batch_size)
+            preprocessor = _construct(candidate, spec, device, max_batch_size, max_image_pixels)
         except Exception as exc:
             if position == len(candidates) - 1:
                 raise
@@ -100,21 +106,24 @@ def create_preprocessor(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _construct(backend: str, spec: PreprocessSpec, device: torch.device, max_batch_size: int) -> Preprocessor:
+def _construct(
+    backend: str, spec: PreprocessSpec, device: torch.device, max_batch_size: int, max_image_pixels: int
+) -> Preprocessor:
     if backend == "pil":
         from preprocessing.pil_backend import PilPreprocessor
 
-        return PilPreprocessor(spec, device)
+        return PilPreprocessor(spec, device, max_image_pixels=max_image_pixels)
+    options = {"max_batch_size": max_batch_size, "max_image_pixels": max_image_pixels}
     if backend == "dali":
         from preprocessing.dali_backend import DaliPreprocessor
 
-        return DaliPreprocessor(spec, device, max_batch_size=max_batch_size)
+        return DaliPreprocessor(spec, device, **options)
     if backend == "cvcuda":
         from preprocessing.cvcuda_backend import CvcudaPreprocessor
 
-        return CvcudaPreprocessor(spec, device, max_batch_size=max_batch_size)
+        return CvcudaPreprocessor(spec, device, **options)
     if backend == "torch":
         from preprocessing.torch_backend import TorchPreprocessor
 
-        return TorchPreprocessor(spec, device, max_batch_size=max_batch_size)
+        return TorchPreprocessor(spec, device, **options)
     raise AssertionError(f"backend {backend!r} is listed but has no constructor")  # pragma: no cover

@@ -2,6 +2,7 @@
 ``VISION_SERVE_*`` environment variable (see service/settings.py)."""
 
 from compile._defaults import DEFAULT_MODEL, DEFAULT_WEIGHTS
+from preprocessing._defaults import MAX_IMAGE_PIXELS as _PREPROCESS_MAX_IMAGE_PIXELS
 
 # A compile-trt artifact directory; empty: serve the eager model named by MODEL and WEIGHTS.
 ARTIFACT = ""
@@ -23,8 +24,26 @@ ENV_PREFIX = "VISION_SERVE_"
 
 TOP_K = 5
 MAX_TOP_K = 1000
+
+# Input limits, checked in the HTTP process before a request is queued.
 # Largest request body accepted (a 12 MP JPEG is ~5 MB; base64 adds a third).
 MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_IMAGE_PIXELS = _PREPROCESS_MAX_IMAGE_PIXELS
+
+# Load shedding: requests admitted (queued or in a batch) and not yet answered, across the whole
+# server. Beyond it /predict answers 503 with Retry-After at once instead of queueing. Size it as
+# throughput x the queueing delay you accept: 256 is ~0.1 s of a GPU doing 2,500 img/s, but 25 s of
+# ResNet-152 on 2 CPU cores, where a lower value suits better.
+MAX_QUEUE = 256
+# Seconds from admission to answer (queue + preprocessing + inference); beyond it the request gets
+# 504, and work still queued for it is dropped instead of run. Always on: it is also what answers a
+# request lost with a crashed worker.
+REQUEST_TIMEOUT_S = 30.0
+# What a 503 tells the client to wait before retrying, in seconds.
+RETRY_AFTER_S = 1
+# Clients must send this key (X-API-Key or Authorization: Bearer) to /predict and /info; empty:
+# no key. /health and /ready stay open for orchestrator probes.
+API_KEY = ""
 
 CLIENT_URL = "http://127.0.0.1:8000"
 CLIENT_TIMEOUT_S = 60.0

@@ -6,8 +6,7 @@ through the batch as ``ImageError`` values and become that request's own 4xx in
 ``encode_response``. Only a failure of the model itself (a real server error) fails the batch.
 """
 
-# No `from __future__ import annotations` here: LitServe reads decode_request's annotation object
-# to build the FastAPI endpoint, and a string annotation would not resolve in its module.
+from __future__ import annotations
 
 import io
 import logging
@@ -16,18 +15,17 @@ import signal
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Annotated
 
 import litserve as ls
 import numpy as np
 import torch
-from fastapi import Depends
 from fastapi.responses import JSONResponse
 from PIL import Image
 
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager
-from service.request_parsing import ImageRequest, read_image_request
+from service.heap import start_heap_trimmer
+from service.request_parsing import ImageRequest
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -99,11 +97,13 @@ class ClassifierAPI(ls.LitAPI):
         else:
             self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
         self.torch_device = torch_device
+        start_heap_trimmer()
         self.preprocessor = create_preprocessor(
             self.settings.preprocess,
             self.served.entry.preprocess,
             torch_device,
             max_batch_size=self.settings.max_batch_size,
+            max_image_pixels=self.settings.max_image_pixels,
         )
         logger.info(
             "Model loaded: model=%s engine=%s device=%s, %s; warming up",
@@ -124,8 +124,8 @@ class ClassifierAPI(ls.LitAPI):
                 raise RuntimeError(f"Warm-up failed: {results[0].error}")
         logger.info("Warm-up done in %.1f s", time.perf_counter() - started)
 
-    def decode_request(self, request: Annotated[ImageRequest, Depends(read_image_request)]) -> ImageRequest:
-        # Parsing already happened in the HTTP process (read_image_request); the worker gets bytes.
+    def decode_request(self, request: ImageRequest) -> ImageRequest:
+        # Parsing and the header checks already happened in the HTTP process (PredictEndpoint).
         return request
 
     def batch(self, inputs: list[ImageRequest]) -> ClassifyBatch:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,9 @@ import httpx
 
 from service import _defaults
 from service.client import AsyncVisionClient, Classification, ClassifyError
+from service.settings import env_var
+
+API_KEY_ENV = env_var("api_key")  # the server's variable: one key in the environment serves both
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=_defaults.CLIENT_CONCURRENCY, help="requests in flight at once"
     )
     parser.add_argument("--timeout", type=float, default=_defaults.CLIENT_TIMEOUT_S, help="seconds per request")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"the server's API key, if it needs one (default: env {API_KEY_ENV})",
+    )
     return parser
 
 
@@ -66,10 +75,10 @@ def describe_error(exc: Exception) -> str:
 
 
 async def classify_all(
-    images: Sequence[Path], url: str, top_k: int, concurrency: int, timeout: float
+    images: Sequence[Path], url: str, top_k: int, concurrency: int, timeout: float, api_key: str | None = None
 ) -> list[Classification | Exception]:
     limit = asyncio.Semaphore(concurrency)
-    async with AsyncVisionClient(url, timeout=timeout) as client:
+    async with AsyncVisionClient(url, timeout=timeout, api_key=api_key) as client:
 
         async def one(path: Path) -> Classification | Exception:
             async with limit:
@@ -104,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--top-k must be from 1 to {_defaults.MAX_TOP_K}")
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
-    outcomes = asyncio.run(classify_all(args.images, args.url, args.top_k, args.concurrency, args.timeout))
+    outcomes = asyncio.run(
+        classify_all(args.images, args.url, args.top_k, args.concurrency, args.timeout, args.api_key)
+    )
     failed = print_outcomes([str(p) for p in args.images], outcomes, json_lines=args.json)
     return 1 if failed else 0
 

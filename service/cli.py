@@ -25,6 +25,13 @@ _HELP = {
     "host": "address to listen on: 127.0.0.1, 0.0.0.0 or ::",
     "port": "TCP port",
     "log_level": "logging level",
+    "max_body_bytes": "largest request body accepted; larger ones get 413",
+    "max_image_pixels": "largest image (width x height, read from its header before decoding) accepted; "
+    "larger ones get 413",
+    "max_queue": "most requests queued or being processed at once; more get 503 with Retry-After",
+    "request_timeout_s": "deadline from admission to answer, queue and inference included; later answers are 504",
+    "api_key": "key clients must send as X-API-Key or Authorization: Bearer to /predict and /info; prefer "
+    "the env variable, since flags show in ps",
 }
 
 
@@ -40,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name == "log_level":
             kwargs = {"choices": LOG_LEVELS, "default": None}
         default = f.default if f.default != "" else "none"
+        if isinstance(f.default, int) and f.default >= 10_000:
+            default = f"{f.default:_}"
         parser.add_argument(flag, help=f"{_HELP[f.name]} (default: {default}; env {env_var(f.name)})", **kwargs)
     return parser
 

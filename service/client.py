@@ -75,19 +75,33 @@ def _parse(response: httpx.Response) -> Classification:
     )
 
 
-class VisionClient:
-    """``with VisionClient(url) as c: c.classify("cat.jpg").top1.label``"""
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def __init__(self, url: str = _defaults.CLIENT_URL, *, timeout: float = _defaults.CLIENT_TIMEOUT_S) -> None:
-        self._http = httpx.Client(base_url=url, timeout=timeout)
+
+class VisionClient:
+    """``with VisionClient(url) as c: c.classify("cat.jpg").top1.label``
+
+    ``api_key``: for a server started with ``--api-key``.
+    """
+
+    def __init__(
+        self,
+        url: str = _defaults.CLIENT_URL,
+        *,
+        timeout: float = _defaults.CLIENT_TIMEOUT_S,
+        api_key: str | None = None,
+    ) -> None:
+        self._http = httpx.Client(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
 
     def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K) -> Classification:
         data, headers, params = _request_parts(image, top_k)
         return _parse(self._http.post("/predict", content=data, headers=headers, params=params))
 
     def is_ready(self) -> bool:
+        """Every inference worker of the server has loaded its model and warmed up."""
         try:
-            return self._http.get("/health").status_code == 200
+            return self._http.get("/ready").status_code == 200
         except httpx.TransportError:
             return False
 
@@ -104,8 +118,14 @@ class VisionClient:
 class AsyncVisionClient:
     """``async with AsyncVisionClient(url) as c: await c.classify(data)``"""
 
-    def __init__(self, url: str = _defaults.CLIENT_URL, *, timeout: float = _defaults.CLIENT_TIMEOUT_S) -> None:
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout)
+    def __init__(
+        self,
+        url: str = _defaults.CLIENT_URL,
+        *,
+        timeout: float = _defaults.CLIENT_TIMEOUT_S,
+        api_key: str | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
 
     async def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K) -> Classification:
         data, headers, params = _request_parts(image, top_k)
@@ -113,7 +133,7 @@ class AsyncVisionClient:
 
     async def is_ready(self) -> bool:
         try:
-            return (await self._http.get("/health")).status_code == 200
+            return (await self._http.get("/ready")).status_code == 200
         except httpx.TransportError:
             return False
 

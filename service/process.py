@@ -6,12 +6,13 @@ Used by the demo, the end-to-end tests and the benchmarks, so they all drive the
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -36,8 +37,17 @@ class ServerStartError(RuntimeError):
 class ServerProcess:
     """``with ServerProcess(["--model", "efficientnet-lite0"], log_path=...) as server: server.url``"""
 
-    def __init__(self, args: Sequence[str], *, log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        log_path: Path,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env``: variables added to this process's environment for the server (VISION_SERVE_*)."""
         self.port = port or free_port()
+        self.env = dict(env or {})
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [*args, "--port", str(self.port)]
         self.log_path = log_path
@@ -50,7 +60,13 @@ class ServerProcess:
         logger.info("Starting: %s", " ".join(command))
         # Its own process group: a Ctrl-C meant for us does not reach it directly, and tests can
         # signal the whole server group as a terminal would.
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **self.env},
+        )
         self.wait_ready(timeout)
         return self
 

@@ -4,7 +4,8 @@ Accepted bodies for ``POST /predict``:
 - raw image bytes (``image/*``, ``application/octet-stream`` or no content type), ``?top_k=``;
 - ``multipart/form-data`` with a file field ``image`` and an optional field ``top_k``;
 - JSON ``{"image": "<base64 or data: URL>", "top_k": 5}``.
-Malformed requests are answered here with a 4xx; only well-formed ones reach the batch.
+Malformed requests are answered here with a 4xx, and so are images whose header is bad or too
+large: only well-formed requests take a queue slot.
 """
 
 from __future__ import annotations
@@ -12,12 +13,20 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import reprlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import HTTPException, Request
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
+from preprocessing.base import ImageDecodeError
+from preprocessing.probe import probe_image
 from service import _defaults
+
+# The form has an image and maybe top_k; a few more fields are tolerated, thousands are not.
+MAX_FORM_FIELDS = 16
 
 
 @dataclass(frozen=True)
@@ -29,14 +38,18 @@ class ImageRequest:
 
 
 def parse_top_k(raw: object) -> int:
-    if isinstance(raw, bool):
-        raw = None  # True/False are ints in Python; never a valid top_k
-    try:
-        value = int(raw) if not isinstance(raw, float) or raw.is_integer() else None
-    except (TypeError, ValueError):
-        value = None
+    value = None
+    # True/False are ints in Python, and int() also reads "1_0" and non-ASCII digits: none is a top_k.
+    # The length check comes first: int() of a 5,000-digit string raises (Python's digit limit).
+    text = raw.strip() if isinstance(raw, str) else ""
+    if text and len(text) <= len(str(_defaults.MAX_TOP_K)) and text.isascii() and text.isdigit():
+        value = int(text)
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)
     if value is None or not 1 <= value <= _defaults.MAX_TOP_K:
-        raise HTTPException(422, f"top_k must be an integer from 1 to {_defaults.MAX_TOP_K}, got {raw!r}.")
+        raise HTTPException(422, f"top_k must be an integer from 1 to {_defaults.MAX_TOP_K}, got {reprlib.repr(raw)}.")
     return value
 
 
@@ -56,52 +69,89 @@ def decode_base64_image(text: object) -> bytes:
         ) from None
 
 
-def _too_large(n_bytes: int | None = None) -> HTTPException:
+@dataclass(frozen=True)
+class RequestLimits:
+    """What the HTTP process accepts before a request may be queued (flags --max-body-bytes etc.)."""
+
+    max_body_bytes: int = _defaults.MAX_BODY_BYTES
+    max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS
+
+
+def _too_large(limit: int, n_bytes: int | None = None) -> HTTPException:
     size = f"{n_bytes:,} bytes" if n_bytes is not None else "larger than that"
-    return HTTPException(413, f"The request body is {size}; the limit is {_defaults.MAX_BODY_BYTES:,} bytes.")
+    return HTTPException(
+        413, f"The request body is {size}; the limit is {limit:,} bytes (server flag --max-body-bytes)."
+    )
 
 
-def check_declared_length(request: Request) -> None:
+def check_declared_length(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > _defaults.MAX_BODY_BYTES:
-        raise _too_large(int(declared))
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit, int(declared))
 
 
-async def read_body(request: Request) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The body, read chunk by chunk and abandoned as soon as it passes the limit.
 
     Content-Length alone is not enough: a chunked upload has none.
     """
-    check_declared_length(request)
+    check_declared_length(request, limit)
     chunks, received = [], 0
     async for chunk in request.stream():
         received += len(chunk)
-        if received > _defaults.MAX_BODY_BYTES:
-            raise _too_large()
+        if received > limit:
+            raise _too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def read_image_request(request: Request) -> ImageRequest:
-    """FastAPI dependency: parse the body of ``POST /predict``."""
+async def _parse_multipart(request: Request, body: bytes) -> FormData:
+    """Parse a multipart body already read within the limit.
+
+    Starlette's ``request.form()`` would read the whole stream itself, unbounded for a chunked upload.
+    """
+
+    async def replay() -> AsyncIterator[bytes]:
+        yield body
+
+    try:
+        return await MultiPartParser(request.headers, replay(), max_files=1, max_fields=MAX_FORM_FIELDS).parse()
+    except MultiPartException as exc:
+        raise HTTPException(400, f"The multipart form is malformed: {exc.message}") from None
+
+
+def check_image_header(image: bytes, max_image_pixels: int) -> None:
+    """Reject what no decoder should see (not an image, corrupt header, too many pixels) with its 4xx.
+
+    Only the header is parsed, so a decompression bomb costs microseconds here and never reaches a
+    decoder or a queue slot. The worker probes again (it may be fed by other callers).
+    """
+    try:
+        probe_image(image, max_image_pixels)
+    except ImageDecodeError as exc:
+        raise HTTPException(exc.error.status_code, exc.error.detail) from None
+
+
+async def read_image_request(request: Request, limits: RequestLimits) -> ImageRequest:
+    """Parse the body of ``POST /predict``; malformed requests raise ``HTTPException`` with a 4xx."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     top_k_raw: object = request.query_params.get("top_k")
 
     if content_type == "multipart/form-data":
-        check_declared_length(request)
-        async with request.form() as form:
+        form = await _parse_multipart(request, await read_body(request, limits.max_body_bytes))
+        try:
             field = form.get("image")
             if not isinstance(field, UploadFile):
                 raise HTTPException(
                     400, 'The multipart form needs a file field named "image" (curl -F image=@cat.jpg).'
                 )
-            if field.size is not None and field.size > _defaults.MAX_BODY_BYTES:
-                raise _too_large(field.size)
             image = await field.read()
             top_k_raw = form.get("top_k", top_k_raw)
+        finally:
+            await form.close()
     elif content_type == "application/json" or content_type.endswith("+json"):
         try:
-            body = json.loads(await read_body(request))
+            body = json.loads(await read_body(request, limits.max_body_bytes))
         except (ValueError, RecursionError):  # bad JSON or UTF-8, 5000-digit integers, absurd nesting
             raise HTTPException(400, 'The body is not valid JSON. Send {"image": "<base64>", "top_k": 5}.') from None
         if not isinstance(body, dict) or "image" not in body:
@@ -109,7 +159,7 @@ async def read_image_request(request: Request) -> ImageRequest:
         image = decode_base64_image(body["image"])
         top_k_raw = body.get("top_k", top_k_raw)
     else:
-        image = await read_body(request)
+        image = await read_body(request, limits.max_body_bytes)
 
     if not image:
         raise HTTPException(

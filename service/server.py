@@ -7,6 +7,7 @@ shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import multiprocessing
@@ -14,10 +15,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from multiprocessing import resource_tracker
 
 import litserve as ls
 import torch
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from litserve.utils import WorkerSetupStatus
 
 from compile.catalog import get_model_entry
@@ -25,9 +30,14 @@ from compile.features import ALL_GPUS, describe_device, parse_device
 from compile.manifest import Manifest
 from preprocessing import resolve_backend
 from service import _defaults
+from service.admission import AdmissionGate
 from service.api import ClassifierAPI
+from service.auth import ApiKeyAuth
 from service.engine import ENGINE_EAGER, ensure_servable
+from service.predict_endpoint import OPENAPI_EXTRA, PredictEndpoint
+from service.request_parsing import RequestLimits
 from service.settings import ServeSettings
+from service.worker_watch import WorkerWatch, restart_dead_workers
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +72,33 @@ def resolve_device(
 
 
 class VisionLitServer(ls.LitServer):
-    """LitServer that can be asked to stop from a signal handler, also while workers start.
+    """LitServer with vision-serve's request path, probes, auth and worker recovery.
 
-    Stopping takes LitServe's own graceful path (the one its /shutdown endpoint uses): uvicorn stops
-    accepting and finishes the requests it holds while the inference workers still answer them;
-    the workers stop after that. tests/test_e2e.py checks in-flight requests get their answers.
+    - ``POST /predict`` (``PredictEndpoint``): limits checked in the HTTP process, a bounded queue
+      (503 + Retry-After beyond it), a deadline that covers running work (504).
+    - ``/health`` (alive) and ``/ready`` (every worker loaded and warmed) answer without a key;
+      with ``--api-key``, ``/predict`` and ``/info`` need it.
+    - A worker that dies is restarted; the requests it held get 503 at once (``WorkerWatch``).
+    - Stopping, also from a signal handler while workers start, takes LitServe's own graceful path
+      (the one its /shutdown endpoint uses): uvicorn stops accepting and finishes the requests it
+      holds while the inference workers still answer them; the workers stop after that.
+      tests/test_e2e.py checks in-flight requests get their answers.
     """
 
     _stop_requested = False
+    exit_code = 0
+    worker_watch: WorkerWatch | None = None  # one per HTTP process, made in its lifespan
+
+    def __init__(self, lit_api: ls.LitAPI, settings: ServeSettings, **kwargs: object) -> None:
+        # Set before LitServer.__init__, which registers the endpoints that use them.
+        self.settings = settings
+        self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels)
+        self.admission = AdmissionGate(settings.max_queue)
+        self.auth_dependencies = [Depends(ApiKeyAuth(settings.api_key))] if settings.api_key else []
+        # timeout: LitServe's workers drop queued requests older than the deadline instead of
+        # running them. restart_workers: the workers report which requests they took, which is
+        # how WorkerWatch knows what a dead worker held.
+        super().__init__(lit_api, timeout=settings.request_timeout_s, restart_workers=True, **kwargs)
 
     def request_stop(self) -> None:
         if self._stop_requested:
@@ -86,12 +115,100 @@ class VisionLitServer(ls.LitServer):
         while not any(v == WorkerSetupStatus.READY for v in self.workers_setup_status.values()):
             if self._stop_requested:
                 raise StartupInterrupted()
-            if any(v == WorkerSetupStatus.ERROR for v in self.workers_setup_status.values()):
+            if any(v == WorkerSetupStatus.ERROR for v in self.workers_setup_status.values()) or not any(
+                worker.is_alive() for worker in self.inference_workers
+            ):
                 raise WorkerStartupFailed(
                     "An inference worker failed to start (its error is logged above): check --model, "
                     "--weights and --device."
                 )
             time.sleep(0.05)
+
+    def _register_internal_endpoints(self) -> None:
+        @self.app.get("/", include_in_schema=False)
+        async def index() -> dict:
+            return {"service": "vision-serve", "predict": "POST /predict", "docs": "/docs"}
+
+        @self.app.get("/health")
+        async def health() -> dict:
+            """Liveness: the HTTP server answers. Never needs the API key."""
+            return {"status": "alive"}
+
+        @self.app.get("/ready", responses={503: {"description": "a worker is starting or restarting"}})
+        async def ready() -> JSONResponse:
+            """Readiness: every inference worker has loaded its model and finished warm-up."""
+            watch = self.worker_watch
+            is_ready = watch is not None and watch.ready
+            states = dict(watch.states) if watch is not None else {}
+            return JSONResponse({"ready": is_ready, "workers": states}, status_code=200 if is_ready else 503)
+
+        @self.app.get("/info", dependencies=self.auth_dependencies)
+        async def info() -> dict:
+            settings = self.settings
+            return {
+                "model": self.model_metadata,
+                "server": {
+                    "devices": self.devices,
+                    "workers_per_device": self.workers_per_device,
+                    "max_queue": settings.max_queue,
+                    "queued": self.admission.admitted,
+                    "request_timeout_s": settings.request_timeout_s,
+                    "max_body_bytes": settings.max_body_bytes,
+                    "max_image_pixels": settings.max_image_pixels,
+                    "api_key_required": bool(settings.api_key),
+                },
+            }
+
+    def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: object, response_type: object) -> None:
+        endpoint = PredictEndpoint(self, lit_api.api_path, self.limits, self.admission, self.settings.request_timeout_s)
+
+        async def predict(request: Request) -> Response:
+            return await endpoint.handle(request)
+
+        self.app.add_api_route(
+            lit_api.api_path,
+            predict,
+            methods=["POST"],
+            dependencies=self.auth_dependencies,
+            openapi_extra=OPENAPI_EXTRA,
+            summary="Classify one image: its top-k ImageNet labels",
+        )
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        # Runs in each HTTP process (after the fork): the watch and its buffer are that process's own.
+        self.worker_watch = WorkerWatch(self.workers_setup_status, self.response_buffer)
+        self.worker_watch.refresh()
+        task = asyncio.get_running_loop().create_task(self.worker_watch.run(), name="vision-serve-worker-watch")
+        try:
+            async with super().lifespan(app):
+                yield
+        finally:
+            task.cancel()
+
+    def _start_worker_monitoring(self, manager: object, uvicorn_workers: object) -> None:
+        lit_api = self.litapi_connector.lit_apis[0]
+        endpoint = lit_api.api_path.split("/")[-1]
+
+        def stop_with_error(message: str) -> None:
+            logger.error("%s", message)
+            self.exit_code = 1
+            self.request_stop()
+
+        thread = threading.Thread(
+            target=restart_dead_workers,
+            kwargs={
+                "workers": self.inference_workers,
+                "setup_status": self.workers_setup_status,
+                "status_key": lambda index: f"{endpoint}_{index}",
+                "relaunch": lambda index: self.launch_single_inference_worker(lit_api, index),
+                "stopping": lambda: self._stop_requested,
+                "on_unrecoverable": stop_with_error,
+            },
+            name="vision-serve-worker-monitor",
+            daemon=True,
+        )
+        thread.start()
 
 
 def apply_artifact(settings: ServeSettings, cuda_count: int | None = None) -> tuple[ServeSettings, Manifest]:
@@ -193,6 +310,7 @@ def build_server(settings: ServeSettings) -> VisionLitServer:
         metadata["artifact"] = artifact_metadata(settings.artifact, manifest)
     return VisionLitServer(
         ClassifierAPI(settings),
+        settings,
         accelerator=accelerator,
         devices=devices,
         workers_per_device=settings.workers_per_device,
@@ -243,7 +361,7 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             log_level=settings.log_level,
             generate_client_file=False,  # LitServe would otherwise write client.py into the cwd
         )
-        return 0
+        return server.exit_code
     except StartupInterrupted:
         logger.info("Stopped before the workers were ready.")
         return 0
@@ -251,9 +369,9 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
         logger.error("%s", exc)
         return 1
     except (EOFError, ConnectionError) as exc:
-        # LitServe shut itself down from its worker monitor (an inference worker died), which
-        # closes the manager connection the main thread was waiting on.
-        logger.error("The server stopped because an inference worker died (%r); see the log above.", exc)
+        # The manager connection the main thread waits on broke (the manager process died):
+        # nothing can be served any more.
+        logger.error("The server stopped: its multiprocessing manager is gone (%r); see the log above.", exc)
         return 1
     finally:
         for sig, handler in previous.items():

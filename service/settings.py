@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from compile._defaults import LOG_LEVELS
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
@@ -26,6 +27,12 @@ class ServeSettings:
     host: str = _defaults.HOST
     port: int = _defaults.PORT
     log_level: str = _defaults.LOG_LEVEL
+    max_body_bytes: int = _defaults.MAX_BODY_BYTES
+    max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS
+    max_queue: int = _defaults.MAX_QUEUE
+    request_timeout_s: float = _defaults.REQUEST_TIMEOUT_S
+    # A secret: kept out of repr() (and so out of logs and tracebacks) and out of as_dict().
+    api_key: str = field(default=_defaults.API_KEY, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -49,9 +56,29 @@ class ServeSettings:
             )
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        for name in ("max_body_bytes", "max_image_pixels", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
+            # No "off": the deadline is what guarantees an answer even for a request lost with a
+            # crashed worker before it could report taking it. Use a large value for long batches.
+            raise ValueError(f"--request-timeout-s must be a number > 0, got {self.request_timeout_s}.")
+        if self.request_timeout_s * 1000 <= self.batch_timeout_ms:
+            raise ValueError(
+                f"--request-timeout-s {self.request_timeout_s} must be longer than --batch-timeout-ms "
+                f"{self.batch_timeout_ms} (the wait for a batch to fill), or every request would time out."
+            )
+        if self.api_key != self.api_key.strip() or not (self.api_key.isascii() and self.api_key.isprintable()):
+            raise ValueError(
+                "--api-key must be printable ASCII without spaces at its ends: HTTP headers carry nothing else "
+                "reliably."
+            )
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The settings without the API key, safe to log or show."""
+        values = asdict(self)
+        values["api_key"] = "(set)" if self.api_key else ""
+        return values
 
 
 def env_var(field_name: str) -> str:

@@ -17,6 +17,7 @@ from litserve.utils import wrap_litserve_start
 
 from service.server import build_server
 from service.settings import ServeSettings
+from tests.bad_inputs import bad_inputs
 from tests.conftest import CAT_LABELS
 
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ def batching_server():
 
 async def wait_ready(client: httpx.AsyncClient, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while (await client.get("/health")).status_code != 200:
+    while (await client.get("/ready")).status_code != 200:
         assert time.monotonic() < deadline, "worker did not become ready"
         await asyncio.sleep(0.1)
 
@@ -79,11 +80,18 @@ def test_one_corrupt_image_fails_alone(batching_server, chelsea_jpeg, coffee_jpe
     assert responses[2].json()["predictions"][0]["label"] == "espresso"
 
 
-def test_a_batch_of_only_bad_images(batching_server) -> None:
-    responses = call(batching_server, [raw(b"not an image"), raw(b"\x89PNG\r\n\x1a\n")])
-    assert [r.status_code for r in responses] == [415, 400]
+def test_a_batch_of_only_bad_images(batching_server, truncated_jpeg) -> None:
+    broken = next(item for item in bad_inputs() if item.name == "jpeg_broken_huffman_table")
+    responses = call(batching_server, [raw(truncated_jpeg), raw(broken.body)])  # headers parse, pixels do not
+    assert [r.status_code for r in responses] == [400, 400]
     assert all(set(r.json()) == {"detail"} for r in responses)
     assert {r.headers["X-Batch-Size"] for r in responses} == {"2"}  # both went through one batch
+
+
+def test_bad_headers_are_answered_before_the_batch(batching_server) -> None:
+    responses = call(batching_server, [raw(b"not an image"), raw(b"\x89PNG\r\n\x1a\n")])
+    assert [r.status_code for r in responses] == [415, 400]
+    assert all("X-Batch-Size" not in r.headers for r in responses)  # no worker time spent on them
 
 
 def test_response_schema_and_per_request_top_k(batching_server, chelsea_jpeg) -> None:

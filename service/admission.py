@@ -1,0 +1,36 @@
+"""Load shedding: a bound on requests admitted and not yet answered, shared by every HTTP process.
+
+LitServe's request queue has no bound: under overload every request waits longer and longer until
+all of them time out. Past the bound, ``/predict`` answers 503 with ``Retry-After`` at once; the
+bound frees itself as answers go out, so the server recovers without intervention.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+
+class AdmissionGate:
+    """A counter in shared memory: made before the HTTP processes fork, so they all see one count."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"The admission limit must be >= 1 (--max-queue), got {limit}.")
+        self.limit = limit
+        self._admitted = multiprocessing.Value("i", 0)  # with its own lock
+
+    def try_admit(self) -> bool:
+        with self._admitted.get_lock():
+            if self._admitted.value >= self.limit:
+                return False
+            self._admitted.value += 1
+            return True
+
+    def release(self) -> None:
+        with self._admitted.get_lock():
+            self._admitted.value -= 1
+
+    @property
+    def admitted(self) -> int:
+        """Requests queued or in a batch right now, across the server."""
+        return self._admitted.value

@@ -1,0 +1,40 @@
+"""API-key check for ``/predict`` and ``/info``: ``X-API-Key: KEY`` or ``Authorization: Bearer KEY``.
+
+LitServe's own key (``LIT_SERVER_API_KEY``) also locks ``/health``, which orchestrators must be able
+to probe without secrets, and compares with ``!=``; this check is attached only where it belongs and
+compares in constant time.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads this callable instance's annotations, and
+# some versions cannot resolve string annotations on an instance (it has no __globals__).
+import hmac
+
+from fastapi import HTTPException, Request
+
+
+class ApiKeyAuth:
+    """A FastAPI dependency: passes when the request carries the key, raises 401 otherwise."""
+
+    def __init__(self, api_key: str) -> None:
+        if not api_key:
+            raise ValueError("ApiKeyAuth needs a non-empty key; leave the dependency out to serve without one.")
+        self._key = api_key.encode()
+
+    @staticmethod
+    def supplied_key(request: Request) -> "str | None":
+        key = request.headers.get("x-api-key")
+        if key is not None:
+            return key
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else None
+
+    def __call__(self, request: Request) -> None:
+        supplied = self.supplied_key(request)
+        # compare_digest takes as long for a near miss as for a far one: the key cannot be guessed
+        # byte by byte from response times.
+        if supplied is None or not hmac.compare_digest(supplied.encode(), self._key):
+            raise HTTPException(
+                401,
+                "Missing or wrong API key. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )

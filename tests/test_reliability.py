@@ -1,0 +1,282 @@
+"""Reliability against real servers on loopback: limits, shedding, deadlines, crash recovery, auth,
+the bad-input corpus and a request-level fuzz. Each server is a real `vision-serve` subprocess.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from service.process import ServerProcess
+from tests.bad_inputs import bad_inputs
+from tests.conftest import CAT_LABELS, encode, sample_array
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "test-key-0123456789"
+KEY = {"X-API-Key": API_KEY}
+JPEG = {"Content-Type": "image/jpeg"}
+LITE = ["--model", "efficientnet-lite0"]
+# On the CPU even on a GPU machine: these tests need batches that take seconds.
+RESNET = ["--model", "resnet152", "--weights", "random", "--device", "cpu"]
+
+
+def server(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
+    return ServerProcess(args, log_path=tmp_path_factory.mktemp(name) / "server.log", env=env)
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory):
+    """Lite0 with an API key (from the environment, as a deployment would set it) and own limits."""
+    args = [*LITE, "--max-batch-size", "8", "--batch-timeout-ms", "300", "--max-image-pixels", "85000000",
+            "--max-body-bytes", "4000000"]  # fmt: skip
+    with server(tmp_path_factory, "guarded", args, env={"VISION_SERVE_API_KEY": API_KEY}) as running:
+        yield running
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None, **kwargs: object) -> httpx.Response:
+    return httpx.post(f"{url}/predict", content=body, headers={**KEY, **JPEG, **(headers or {})}, timeout=120, **kwargs)
+
+
+def timed(send: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = send()
+    return response, time.monotonic() - started
+
+
+def concurrently(sends: list[Callable[[], httpx.Response]]) -> list[tuple[httpx.Response, float]]:
+    with ThreadPoolExecutor(len(sends)) as pool:
+        return list(pool.map(timed, sends))
+
+
+# --- probes and auth -------------------------------------------------------------------------------
+
+
+def test_probes_answer_without_the_key(guarded_server) -> None:
+    health = httpx.get(f"{guarded_server.url}/health")
+    ready = httpx.get(f"{guarded_server.url}/ready")
+    assert health.status_code == 200 and health.json() == {"status": "alive"}
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "workers": {"predict_0": "ready"}}
+
+
+def test_predict_and_info_need_the_key(guarded_server, chelsea_jpeg) -> None:
+    url = guarded_server.url
+    for headers in ({}, {"X-API-Key": "wrong"}, {"Authorization": f"Basic {API_KEY}"}):
+        r = httpx.post(f"{url}/predict", content=chelsea_jpeg, headers={**JPEG, **headers})
+        assert r.status_code == 401 and "X-API-Key" in r.json()["detail"]
+    assert httpx.get(f"{url}/info").status_code == 401
+    by_header = post(url, chelsea_jpeg)
+    by_bearer = httpx.post(
+        f"{url}/predict", content=chelsea_jpeg, headers={**JPEG, "Authorization": f"Bearer {API_KEY}"}
+    )
+    assert by_header.status_code == by_bearer.status_code == 200
+    assert by_bearer.json()["predictions"][0]["label"] in CAT_LABELS
+    info = httpx.get(f"{url}/info", headers=KEY)
+    assert info.status_code == 200 and info.json()["server"]["api_key_required"] is True
+    assert API_KEY not in info.text
+
+
+# --- limits --------------------------------------------------------------------------------------
+
+
+def test_pixel_limit_is_read_from_the_header(guarded_server) -> None:
+    under = np.full((8000, 10000), 127, np.uint8)  # 80 MP: under the server's 85 MP (default 100 MP)
+    over = np.full((9000, 10000), 127, np.uint8)  # 90 MP: over it
+    assert post(guarded_server.url, encode(under)).status_code == 200
+    refused = post(guarded_server.url, encode(over))
+    assert refused.status_code == 413 and "85,000,000" in refused.json()["detail"]
+
+
+def test_body_limit_and_request_errors(guarded_server, chelsea_jpeg) -> None:
+    url = guarded_server.url
+    too_big = post(url, chelsea_jpeg + b"\0" * 4_000_000)
+    assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["detail"]
+    assert post(url, b"").status_code == 400
+    assert post(url, chelsea_jpeg, params={"top_k": 0}).status_code == 422
+    assert post(url, chelsea_jpeg, params={"top_k": 1001}).status_code == 422
+    bad_b64 = httpx.post(f"{url}/predict", json={"image": "not base64!!"}, headers=KEY)
+    assert bad_b64.status_code == 400 and "base64" in bad_b64.json()["detail"]
+    good_b64 = httpx.post(f"{url}/predict", json={"image": base64.b64encode(chelsea_jpeg).decode()}, headers=KEY)
+    assert good_b64.status_code == 200
+
+
+# --- the bad-input corpus ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("item", bad_inputs(), ids=lambda item: item.name)
+def test_bad_input_alone_gets_its_4xx(guarded_server, item) -> None:
+    r = post(guarded_server.url, item.body, headers={"Content-Type": item.content_type})
+    assert r.status_code in item.statuses, (item.why, r.text[:300])
+    assert isinstance(r.json()["detail"], str) and r.json()["detail"]
+
+
+def test_bad_inputs_mixed_into_batches_leave_the_good_ones_alone(guarded_server, chelsea_jpeg, coffee_jpeg) -> None:
+    items = bad_inputs()
+    sends, expected = [], []
+    for i, item in enumerate(items):
+        good = (chelsea_jpeg, CAT_LABELS) if i % 2 else (coffee_jpeg, {"espresso"})
+        sends.append(lambda good=good: post(guarded_server.url, good[0]))
+        expected.append(("good", good[1]))
+        sends.append(lambda item=item: post(guarded_server.url, item.body, headers={"Content-Type": item.content_type}))
+        expected.append(("bad", item))
+    answers = concurrently(sends)
+    batch_sizes = []
+    for (response, _), (kind, want) in zip(answers, expected, strict=True):
+        if kind == "good":
+            assert response.status_code == 200, response.text[:300]
+            assert response.json()["predictions"][0]["label"] in want
+            batch_sizes.append(int(response.headers["X-Batch-Size"]))
+        else:
+            assert response.status_code in want.statuses, (want.name, response.text[:300])
+    assert max(batch_sizes) > 1  # the good images really shared batches with others
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """One random corruption of the kinds real uploads suffer: flipped bytes, cuts, splices, junk."""
+    data = bytearray(data)
+    kind = rng.randrange(5)
+    if kind == 0:
+        for _ in range(rng.randint(1, 20)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+    elif kind == 1:
+        data = data[: rng.randrange(len(data))]
+    elif kind == 2:
+        start = rng.randrange(len(data))
+        data[start : start + rng.randint(1, 64)] = rng.randbytes(rng.randint(0, 64))
+    elif kind == 3:
+        data += rng.randbytes(rng.randint(1, 512))
+    else:
+        offset = rng.randrange(min(len(data), 600))  # the header region: markers, tables, sizes
+        data[offset] ^= 1 << rng.randrange(8)
+    return bytes(data)
+
+
+def test_fuzzed_uploads_only_get_2xx_or_4xx_and_the_worker_survives(guarded_server, chelsea_jpeg) -> None:
+    rng = random.Random(20261121)
+    small = sample_array("chelsea")[::4, ::4]
+    seeds = [encode(small), encode(small, "PNG"), encode(small, "WEBP"), encode(small, "GIF"), chelsea_jpeg]
+    bodies = [mutate(rng.choice(seeds), rng) for _ in range(160)]
+    answers = concurrently([lambda body=body: post(guarded_server.url, body) for body in bodies])
+    statuses = [response.status_code for response, _ in answers]
+    assert all(status == 200 or 400 <= status < 500 for status in statuses), sorted(set(statuses))
+    assert all("detail" in response.json() for response, _ in answers if response.status_code != 200)
+    assert httpx.get(f"{guarded_server.url}/ready").status_code == 200
+    after = post(guarded_server.url, chelsea_jpeg)
+    assert after.status_code == 200 and after.json()["predictions"][0]["label"] in CAT_LABELS
+
+
+# --- load shedding -------------------------------------------------------------------------------
+
+
+def test_overload_is_shed_with_503_and_retry_after_then_recovers(tmp_path_factory, chelsea_jpeg) -> None:
+    args = [*LITE, "--max-batch-size", "1", "--max-queue", "2"]
+    with server(tmp_path_factory, "shedding", args) as running:
+        answers = concurrently([lambda: post(running.url, chelsea_jpeg) for _ in range(40)])
+        ok = [seconds for response, seconds in answers if response.status_code == 200]
+        shed = [(response, seconds) for response, seconds in answers if response.status_code == 503]
+        assert len(ok) + len(shed) == 40  # every request answered, nothing else
+        assert len(ok) >= 2 and shed
+        assert all(r.headers["Retry-After"] == "1" and "--max-queue" in r.json()["detail"] for r, _ in shed)
+        # Shed at once: a refused request does not wait for the model.
+        assert statistics.median(s for _, s in shed) < statistics.median(ok)
+        assert all(post(running.url, chelsea_jpeg).status_code == 200 for _ in range(5))  # recovered by itself
+
+
+# --- deadlines -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory):
+    """ResNet-152 on CPU (~0.15 s per image): a batch of 16 runs for seconds, past a 1.5 s deadline."""
+    args = [*RESNET, "--max-batch-size", "16", "--batch-timeout-ms", "200", "--request-timeout-s", "1.5"]
+    with server(tmp_path_factory, "slow", args) as running:
+        yield running
+
+
+def test_deadline_covers_work_already_running(slow_server, chelsea_jpeg) -> None:
+    post(slow_server.url, chelsea_jpeg)
+    single, seconds = timed(lambda: post(slow_server.url, chelsea_jpeg))
+    assert single.status_code == 200 and seconds < 1.5  # one image fits the deadline
+    answers = concurrently([lambda: post(slow_server.url, chelsea_jpeg) for _ in range(16)])
+    # LitServe alone would answer these 200 after the whole batch (seconds): they left the queue
+    # within the batch window, long before the deadline.
+    assert [response.status_code for response, _ in answers] == [504] * 16
+    assert all("deadline" in response.json()["detail"] for response, _ in answers)
+    assert max(seconds for _, seconds in answers) < 1.5 + 0.7
+
+
+def test_timed_out_work_is_dropped_instead_of_run(slow_server, chelsea_jpeg) -> None:
+    time.sleep(4)  # let the previous test's batch finish
+    started = time.monotonic()
+    answers = concurrently([lambda: post(slow_server.url, chelsea_jpeg) for _ in range(64)])
+    assert {response.status_code for response, _ in answers} <= {200, 504}
+    # Had the worker run every abandoned request, it would be busy for 4 batches of 16 (10+ s).
+    # It drops what has passed its deadline, so a new request soon finds it idle.
+    while True:
+        fresh = post(slow_server.url, chelsea_jpeg)
+        if fresh.status_code == 200:
+            break
+        assert fresh.status_code == 504
+        assert time.monotonic() - started < 60
+    log = slow_server.log_tail(lines=2000)
+    assert log.count("waiting in the queue for too long") >= 32, "the worker ran work nobody was waiting for"
+
+
+# --- worker crash --------------------------------------------------------------------------------
+
+
+def inference_worker(server_process: ServerProcess) -> psutil.Process:
+    children = psutil.Process(server_process.process.pid).children(recursive=True)
+    return next(p for p in children if "spawn_main" in " ".join(p.cmdline()))
+
+
+def test_killed_worker_fails_its_requests_fast_is_restarted_and_serving_resumes(tmp_path_factory, chelsea_jpeg):
+    args = [*RESNET, "--max-batch-size", "4", "--batch-timeout-ms", "50"]
+    with server(tmp_path_factory, "crash", args) as running:
+        worker = inference_worker(running)
+        answers: list[tuple[httpx.Response, float]] = []
+        threads = [threading.Thread(target=lambda: answers.append(timed(lambda: post(running.url, chelsea_jpeg))))
+                   for _ in range(12)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # the worker is busy with the first batches
+        killed_at = time.monotonic()
+        os.kill(worker.pid, signal.SIGKILL)
+
+        not_ready_after = None
+        while time.monotonic() - killed_at < 5:
+            if httpx.get(f"{running.url}/ready").status_code == 503:
+                not_ready_after = time.monotonic() - killed_at
+                break
+            time.sleep(0.05)
+        during_restart = post(running.url, chelsea_jpeg)
+        for thread in threads:
+            thread.join(120)
+
+        assert not_ready_after is not None and not_ready_after < 2.0
+        assert during_restart.status_code == 503 and during_restart.headers["Retry-After"] == "1"
+        assert len(answers) == 12  # nothing hangs: every request has its answer
+        crashed = [r for r, _ in answers if r.status_code == 503]
+        assert crashed and all("stopped unexpectedly" in r.json()["detail"] for r in crashed)
+        # Still-queued requests go to the new worker: 200, or 504 if its restart outlasts their deadline.
+        assert {r.status_code for r, _ in answers} <= {200, 503, 504}
+
+        deadline = time.monotonic() + 180
+        while httpx.get(f"{running.url}/ready").status_code != 200:
+            assert time.monotonic() < deadline, running.log_tail()
+            time.sleep(0.2)
+        assert inference_worker(running).pid != worker.pid
+        assert post(running.url, chelsea_jpeg).status_code == 200
+        assert running.stop() == 0

@@ -1,0 +1,194 @@
+"""The reliability parts on their own: admission gate, API-key check, worker watch and restarter.
+
+The end-to-end behaviour (real server, real kill -9, real overload) is in tests/test_reliability.py;
+these pin the rules that are hard to provoke there (a restarted worker failing its setup, requests
+of one worker among several).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import multiprocessing
+
+import pytest
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.testclient import TestClient
+from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
+
+from service.admission import AdmissionGate
+from service.auth import ApiKeyAuth
+from service.worker_watch import WorkerWatch, restart_dead_workers
+
+READY, STARTING, ERROR = WorkerSetupStatus.READY, WorkerSetupStatus.STARTING, WorkerSetupStatus.ERROR
+
+
+def test_admission_gate_bounds_and_recovers() -> None:
+    gate = AdmissionGate(2)
+    assert gate.try_admit() and gate.try_admit()
+    assert not gate.try_admit() and gate.admitted == 2
+    gate.release()
+    assert gate.try_admit()  # a finished request frees its slot
+
+
+def _admit_in_child(gate: AdmissionGate, results: multiprocessing.Queue) -> None:
+    results.put(gate.try_admit())
+
+
+def test_admission_gate_is_shared_by_forked_http_processes() -> None:
+    gate = AdmissionGate(1)
+    assert gate.try_admit()  # the parent holds the only slot
+    results = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=_admit_in_child, args=(gate, results))
+    child.start()
+    child.join(30)
+    assert results.get(timeout=5) is False
+    gate.release()
+
+
+@pytest.fixture(scope="module")
+def locked_app() -> TestClient:
+    app = FastAPI()
+
+    @app.get("/secret", dependencies=[Depends(ApiKeyAuth("k3y-with-some-length"))])
+    async def secret() -> dict:
+        return {"ok": True}
+
+    return TestClient(app)
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, 401),
+        ({"X-API-Key": "wrong"}, 401),
+        ({"X-API-Key": "k3y-with-some-lengt"}, 401),  # a prefix is not the key
+        ({"Authorization": "Basic k3y-with-some-length"}, 401),
+        ({"Authorization": "Bearer wrong"}, 401),
+        ({"X-API-Key": "k3y-with-some-length"}, 200),
+        ({"Authorization": "Bearer k3y-with-some-length"}, 200),
+        ({"Authorization": "bearer  k3y-with-some-length "}, 200),
+    ],
+)
+def test_api_key_header_forms(locked_app, headers, status) -> None:
+    r = locked_app.get("/secret", headers=headers)
+    assert r.status_code == status
+    if status == 401:
+        assert "X-API-Key" in r.json()["detail"] and r.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_api_key_is_compared_in_constant_time(locked_app, monkeypatch) -> None:
+    compared = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    locked_app.get("/secret", headers={"X-API-Key": "guess"})
+    assert compared == [(b"guess", b"k3y-with-some-length")]
+
+
+def test_empty_api_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        ApiKeyAuth("")
+
+
+def _pending(worker_id: int | None) -> ResponseBufferItem:
+    return ResponseBufferItem(asyncio.Event(), worker_id=worker_id)
+
+
+def test_watch_fails_only_the_dead_workers_requests() -> None:
+    status = {"predict_0": READY, "predict_1": READY}
+    buffer = {"a": _pending(0), "b": _pending(1), "queued": _pending(None)}
+    watch = WorkerWatch(status, buffer)
+    watch.refresh()
+    assert watch.ready and watch.any_ready
+    status["predict_0"] = STARTING  # the monitor restarts worker 0 after it died
+    watch.refresh()
+    assert not watch.ready and watch.any_ready
+    error, state = buffer["a"].response
+    assert state == LitAPIStatus.ERROR and isinstance(error, HTTPException) and error.status_code == 503
+    assert error.headers["Retry-After"] == "1"
+    assert not buffer["b"].event.is_set()  # worker 1 is fine
+    assert not buffer["queued"].event.is_set()  # still queued: the restarted worker will take it
+    buffer["late"] = _pending(0)  # the dead worker's START for it arrived after the sweep
+    watch.refresh()
+    assert buffer["late"].response[0].status_code == 503
+    status["predict_0"] = READY
+    watch.refresh()
+    assert watch.ready
+
+
+def test_watch_is_not_ready_before_any_worker_reports() -> None:
+    watch = WorkerWatch({}, {})
+    watch.refresh()
+    assert not watch.ready and not watch.any_ready
+
+
+class FakeProcess:
+    """Stands in for a worker process: the restart rules, not process handling, are under test."""
+
+    def __init__(self, alive: bool = True, pid: int = 1) -> None:
+        self.alive, self.pid, self.exitcode = alive, pid, None if alive else -9
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
+    workers = [FakeProcess(), FakeProcess(alive=False, pid=2)]
+    status = {"predict_0": READY, "predict_1": READY}
+    relaunched, stopped, rounds = [], [], []
+
+    def relaunch(index: int) -> FakeProcess:
+        relaunched.append(index)
+        status[f"predict_{index}"] = ERROR  # the new worker's setup fails (say, the GPU is gone)
+        return FakeProcess(alive=False, pid=3)
+
+    restart_dead_workers(
+        workers,
+        status,
+        status_key=lambda i: f"predict_{i}",
+        relaunch=relaunch,
+        stopping=lambda: bool(stopped) or len(rounds) > 5,
+        on_unrecoverable=stopped.append,
+        sleep=rounds.append,
+    )
+    assert relaunched == [1]  # restarted once, not in a loop
+    assert workers[1].pid == 3
+    assert len(stopped) == 1 and "died during its setup" in stopped[0]
+
+
+@pytest.mark.parametrize("state", [STARTING, ERROR])
+def test_restarter_stops_when_a_worker_dies_before_it_was_ready(state) -> None:
+    stopped = []
+    restart_dead_workers(
+        [FakeProcess(alive=False)],
+        {"predict_0": state},  # killed while loading (OOM), or its setup raised
+        status_key=lambda i: f"predict_{i}",
+        relaunch=lambda index: pytest.fail("must not restart a worker that never became ready"),
+        stopping=lambda: bool(stopped),
+        on_unrecoverable=stopped.append,
+        sleep=lambda _: None,
+    )
+    assert len(stopped) == 1 and "died during its setup" in stopped[0]
+
+
+def test_restarter_stops_when_relaunching_fails() -> None:
+    stopped = []
+
+    def relaunch(index: int) -> FakeProcess:
+        raise OSError("fork failed")
+
+    restart_dead_workers(
+        [FakeProcess(alive=False)],
+        {"predict_0": READY},
+        status_key=lambda i: f"predict_{i}",
+        relaunch=relaunch,
+        stopping=lambda: bool(stopped),
+        on_unrecoverable=stopped.append,
+        sleep=lambda _: None,
+    )
+    assert len(stopped) == 1 and "could not be restarted" in stopped[0]
