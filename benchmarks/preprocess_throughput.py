@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import os
 import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
 from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.images import JPEG_QUALITY, NOISE_SIGMA, photo_jpegs
 from compile.catalog import get_model_entry
 from preprocessing import _defaults
 from preprocessing.base import Preprocessor
@@ -45,34 +43,12 @@ from preprocessing.registry import backend_problem, create_preprocessor
 
 SIZES = {"imagenet": (500, 375), "12mp": (4000, 3000)}  # width x height
 SOURCES = ("chelsea", "coffee", "astronaut", "rocket")  # skimage.data photos
-JPEG_QUALITY = 90
-NOISE_SIGMA = 4.0
 WARMUP_CALLS = 2
 # Linux folds a running thread's CPU time into the process total only at scheduler ticks and context
 # switches, so process CPU time over a few milliseconds is off by up to a tick per thread (2.6
 # "cores" measured on 2 CPUs); below this much timed wall time, cores come from one block of
 # back-to-back calls at least this long instead.
 CPU_WINDOW_SECONDS = 1.0
-
-
-def sample_jpegs(width: int, height: int) -> list[bytes]:
-    """One JPEG per source photo: center-cropped to the target aspect, Lanczos-resized, noise added."""
-    from skimage import data
-
-    rng = np.random.default_rng(0)
-    jpegs = []
-    for name in SOURCES:
-        photo = Image.fromarray(getattr(data, name)()).convert("RGB")
-        scale = min(photo.width / width, photo.height / height)
-        crop_w, crop_h = round(width * scale), round(height * scale)
-        left, top = (photo.width - crop_w) // 2, (photo.height - crop_h) // 2
-        resized = photo.crop((left, top, left + crop_w, top + crop_h)).resize((width, height), Image.Resampling.LANCZOS)
-        pixels = np.asarray(resized, dtype=np.float32)
-        pixels += rng.standard_normal(pixels.shape, dtype=np.float32) * NOISE_SIGMA
-        buf = io.BytesIO()
-        Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=JPEG_QUALITY)
-        jpegs.append(buf.getvalue())
-    return jpegs
 
 
 def decode_counts(preprocessor: Preprocessor) -> dict[str, int] | None:
@@ -244,7 +220,7 @@ def main() -> None:
     samples: dict[str, list[bytes]] = {}
     for size in sizes:
         width, height = SIZES[size]
-        samples[size] = sample_jpegs(width, height)
+        samples[size] = photo_jpegs(width, height, SOURCES)
         size_info[size] = {"width": width, "height": height, "pixels": width * height}
         size_info[size]["bytes"] = [len(jpeg) for jpeg in samples[size]]
         print(f"{size}: {width}x{height}, JPEG bytes {size_info[size]['bytes']}", flush=True)

@@ -11,9 +11,11 @@ WEIGHTS = DEFAULT_WEIGHTS
 DEVICE = "auto"  # cuda if a GPU is visible, else cpu
 PREPROCESS = "auto"
 MAX_BATCH_SIZE = 32
-# How long the first request of a batch waits for others. Small: on an idle server it is pure added
-# latency, and under load the queue fills batches anyway while the model is busy.
-BATCH_TIMEOUT_MS = 5.0
+# How long the first request of a batch waits for others once the queue is drained. 0 (greedy, as
+# Triton's default max_queue_delay): an idle server runs a lone request at once, and under load
+# batches fill anyway from the requests that queue while the model is busy (service/batching.py).
+# A window helps only when arrivals are sparse and a bigger batch costs little more than a small one.
+BATCH_TIMEOUT_MS = 0.0
 WORKERS_PER_DEVICE = 1
 # Loopback by default, like TorchServe; containers pass --host 0.0.0.0.
 HOST = "127.0.0.1"

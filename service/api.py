@@ -23,8 +23,10 @@ from fastapi.responses import JSONResponse
 from PIL import Image
 
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
+from service.batching import GreedyBatchedLoop
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager
-from service.heap import start_heap_trimmer
+from service.heap import HeapTrimmer
+from service.predict_endpoint import server_timing
 from service.request_parsing import ImageRequest
 from service.settings import ServeSettings
 
@@ -38,6 +40,7 @@ class ClassifyBatch:
     prepared: PreparedBatch
     top_k: list[int]
     preprocess_ms: float
+    queue_ms: list[float | None]  # per request: from queueing in the HTTP process to this batch's start
 
 
 @dataclass
@@ -80,7 +83,12 @@ class ClassifierAPI(ls.LitAPI):
             # With --max-batch-size 1 LitServe warns that batch/unbatch are overridden; predict()
             # handles both paths on purpose.
             warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
-            super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
+            super().__init__(
+                max_batch_size=settings.max_batch_size,
+                batch_timeout=settings.batch_timeout_ms / 1000.0,
+                # Batch size 1 keeps LitServe's single loop, which already blocks on its queue.
+                loop=GreedyBatchedLoop() if settings.max_batch_size > 1 else "auto",
+            )
         self.settings = settings
         self.served: ServedModel | None = None  # set in setup(), in the worker
 
@@ -97,7 +105,7 @@ class ClassifierAPI(ls.LitAPI):
         else:
             self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
         self.torch_device = torch_device
-        start_heap_trimmer()
+        self.heap_trimmer = HeapTrimmer().start()
         self.preprocessor = create_preprocessor(
             self.settings.preprocess,
             self.served.entry.preprocess,
@@ -129,9 +137,13 @@ class ClassifierAPI(ls.LitAPI):
         return request
 
     def batch(self, inputs: list[ImageRequest]) -> ClassifyBatch:
+        now = time.monotonic()
+        queue_ms = [None if item.queued_at is None else (now - item.queued_at) * 1e3 for item in inputs]
         started = time.perf_counter()
-        prepared = self.preprocessor([item.image for item in inputs])
-        return ClassifyBatch(prepared, [item.top_k for item in inputs], (time.perf_counter() - started) * 1e3)
+        with self.heap_trimmer.busy():
+            prepared = self.preprocessor([item.image for item in inputs])
+        preprocess_ms = (time.perf_counter() - started) * 1e3
+        return ClassifyBatch(prepared, [item.top_k for item in inputs], preprocess_ms, queue_ms)
 
     def predict(self, x: ClassifyBatch | ImageRequest) -> list[ItemResult] | ItemResult:
         if isinstance(x, ImageRequest):  # max_batch_size=1: LitServe's single loop skips batch/unbatch
@@ -143,37 +155,45 @@ class ClassifierAPI(ls.LitAPI):
 
     def _classify(self, batch: ClassifyBatch) -> list[ItemResult]:
         prepared = batch.prepared
-        timings = {"preprocess": batch.preprocess_ms}
-        results = [ItemResult(len(prepared), timings, error=error) for error in prepared.errors]
+        results = []
+        for error, queue_ms in zip(prepared.errors, batch.queue_ms, strict=True):
+            timings = {} if queue_ms is None else {"queue": queue_ms}
+            timings["preprocess"] = batch.preprocess_ms
+            results.append(ItemResult(len(prepared), timings, error=error))
         ok = prepared.ok_indices
         if not ok:
             return results
         started = time.perf_counter()
         k = min(max(batch.top_k[i] for i in ok), self.served.entry.num_classes)
-        with torch.inference_mode():
+        with self.heap_trimmer.busy(), torch.inference_mode():
             logits = self.served(prepared.images)
             # Softmax and top-k on the device: only k values per image cross back to the host.
             probabilities, indices = logits.float().softmax(dim=1).topk(k, dim=1)
             probabilities, indices = probabilities.cpu().tolist(), indices.cpu().tolist()
-        timings["inference"] = (time.perf_counter() - started) * 1e3
+        inference_ms = (time.perf_counter() - started) * 1e3
         for row, i in enumerate(ok):
             results[i].predictions = list(zip(indices[row], probabilities[row], strict=True))[: batch.top_k[i]]
+            results[i].timings_ms["inference"] = inference_ms
         return results
 
     def encode_response(self, output: ItemResult) -> JSONResponse:
-        headers = {
-            "X-Batch-Size": str(output.batch_size),
-            "Server-Timing": ", ".join(f"{name};dur={ms:.2f}" for name, ms in output.timings_ms.items()),
-        }
+        started = time.perf_counter()
+        headers = {"X-Batch-Size": str(output.batch_size)}
         if output.error is not None:
-            return JSONResponse({"detail": output.error.detail}, status_code=output.error.status_code, headers=headers)
-        labels = self.served.entry.labels
-        body = {
-            "predictions": [
-                {"index": index, "label": labels[index], "probability": probability}
-                for index, probability in output.predictions
-            ],
-            "model": self.served.entry.name,
-            "engine": self.served.engine_name,
-        }
-        return JSONResponse(body, headers=headers)
+            response = JSONResponse(
+                {"detail": output.error.detail}, status_code=output.error.status_code, headers=headers
+            )
+        else:
+            labels = self.served.entry.labels
+            body = {
+                "predictions": [
+                    {"index": index, "label": labels[index], "probability": probability}
+                    for index, probability in output.predictions
+                ],
+                "model": self.served.entry.name,
+                "engine": self.served.engine_name,
+            }
+            response = JSONResponse(body, headers=headers)
+        timings = {**output.timings_ms, "postprocess": (time.perf_counter() - started) * 1e3}
+        response.headers["Server-Timing"] = server_timing(timings)
+        return response

@@ -8,6 +8,7 @@ client for minutes) and accepts work while no worker can take it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -102,8 +103,10 @@ class PredictEndpoint:
             queue = self.server._get_request_queue(self.api_path)
             # The worker drops requests older than the deadline instead of running them (LitServe's
             # own queue timeout, set to the same value), so timed-out work does not pile up.
+            queued_at = time.monotonic()
             try:
-                queue.put((self.server.app.response_queue_id, uid, time.monotonic(), image_request))
+                queued = dataclasses.replace(image_request, queued_at=queued_at)
+                queue.put((self.server.app.response_queue_id, uid, queued_at, queued))
             except (OSError, EOFError) as exc:  # the manager is gone: the server is shutting down
                 raise HTTPException(
                     503, f"The server is shutting down ({exc!r}); retry.", headers=RETRY_HEADERS
@@ -121,4 +124,16 @@ class PredictEndpoint:
         response, status = item.response
         if status == LitAPIStatus.ERROR:
             RegularRequestHandler._handle_error_response(response)  # raises the HTTPException or a 500
+        add_server_timing(response, "total", (time.monotonic() - queued_at) * 1e3)
         return response
+
+
+def server_timing(timings_ms: dict[str, float]) -> str:
+    """The ``Server-Timing`` header value (W3C), e.g. ``queue;dur=1.20, inference;dur=30.50``."""
+    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timings_ms.items())
+
+
+def add_server_timing(response: Response, name: str, ms: float) -> None:
+    existing = response.headers.get("Server-Timing")
+    entry = server_timing({name: ms})
+    response.headers["Server-Timing"] = f"{existing}, {entry}" if existing else entry

@@ -35,6 +35,9 @@ class ImageRequest:
 
     image: bytes
     top_k: int = _defaults.TOP_K
+    # time.monotonic() when the HTTP process queued it (system-wide on Linux, so the worker can
+    # subtract it from its own clock): the start of the queue wait reported in Server-Timing.
+    queued_at: float | None = None
 
 
 def parse_top_k(raw: object) -> int:

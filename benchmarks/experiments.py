@@ -1,0 +1,639 @@
+"""The seed blogs' experiments on this machine's CPU, each one command, and the CPU targets.
+
+    python -m benchmarks.experiments per-process   # (a) one process per image vs the central server
+    python -m benchmarks.experiments batching      # (b) batching off vs on; batch delay sweep (Poisson)
+    python -m benchmarks.experiments workers       # (c) 1 vs 2 workers on the device
+    python -m benchmarks.experiments torchserve    # (d) TorchServe (TorchScript, image_classifier) vs us
+    python -m benchmarks.experiments ceiling       # (e) model-only ceiling in process -> server efficiency
+    python -m benchmarks.experiments precision     # (f) fp32 vs bf16: speed and top-1 agreement
+    python -m benchmarks.experiments all           # all of the above in one run, then targets.md
+
+Each writes ``<name>.json`` (summaries, raw latencies), ``<name>.md`` (a table) and PNG plots under
+``benchmarks/results/<machine>-<date>/``. Runs never overlap: every contender gets the same idle
+cores, one after another, with the same photos and the same ResNet-152 weights (a state_dict file
+in the work folder; ``random`` weights are seeded, and speed does not depend on their values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import io
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageOps
+
+from benchmarks import plots
+from benchmarks.ceiling import load_served, measure_ceiling, set_worker_threads
+from benchmarks.common import machine_record, results_dir
+from benchmarks.loadgen import LoadSpec
+from benchmarks.suite import (
+    CPU_MAX_BATCH,
+    DEFAULT_WORK_DIR,
+    Inputs,
+    ServerConfig,
+    closed,
+    load_runs,
+    markdown_table,
+    prepare_inputs,
+    run_record,
+    vision_serve,
+    write_experiment,
+)
+from compile.catalog import get_model_entry
+from compile.gate import compare_logits
+from compile.weights import load_model
+from preprocessing.pil_backend import PilPreprocessor
+
+logger = logging.getLogger(__name__)
+
+TARGET_CONCURRENCY = 32
+AGREEMENT_VARIANTS = 20  # crops/flips per photo for the precision agreement set (12 photos -> 240 inputs)
+MIN_AGREEMENT = 0.99
+VISION_SERVE_CONFIGS = (
+    ServerConfig("vision-serve eager fp32"),
+    ServerConfig("vision-serve inductor fp32", compiled=True),
+    ServerConfig("vision-serve inductor bf16", precision="bf16", compiled=True),
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    inputs: Inputs
+    out: Path
+    requests: int  # per closed-loop run at the target concurrency
+    per_process_images: int
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _serve_sweep(opts: Options, config: ServerConfig, concurrencies: Sequence[int]) -> dict[int, dict]:
+    """One server, closed-loop runs at each concurrency (fewer requests at low concurrency)."""
+    specs = [closed(max(4 * c, opts.requests * c // TARGET_CONCURRENCY), c) for c in concurrencies]
+    with vision_serve(config, opts.inputs) as url:
+        results = load_runs(url, opts.inputs.images, specs, config.label)
+    return {c: run_record(r) for c, r in zip(concurrencies, results, strict=True)}
+
+
+def _plots_for(opts: Options, name: str, runs: dict[str, dict[int, dict]], title: str) -> list[str]:
+    """Throughput vs concurrency, latency CDF and batch histogram at the highest concurrency."""
+    written = []
+    multi = {label: per_c for label, per_c in runs.items() if len(per_c) > 1}
+    if multi:
+        series = {label: [(c, r["throughput_rps"]) for c, r in per_c.items()] for label, per_c in multi.items()}
+        written.append(plots.throughput_vs_concurrency(series, title, opts.out / f"{name}-throughput.png"))
+    top = {label: per_c[max(per_c)] for label, per_c in runs.items()}
+    cdf = {f"{label} (c={max(runs[label])})": r["latencies_ms"] for label, r in top.items()}
+    written.append(plots.latency_cdf(cdf, title, opts.out / f"{name}-latency-cdf.png"))
+    batches = {label: r["batch_sizes"] for label, r in top.items() if r["batch_sizes"]}
+    if batches:
+        written.append(plots.batch_histogram(batches, title, opts.out / f"{name}-batch-sizes.png"))
+    return [Path(p).name for p in written]
+
+
+def _runs_table(runs: dict[str, dict[int, dict]]) -> str:
+    rows = []
+    for label, per_c in runs.items():
+        for c, r in per_c.items():
+            breakdown = r["server_ms_median"]
+            rows.append(
+                [
+                    label,
+                    c,
+                    f"{r['throughput_rps']:.2f}",
+                    _fmt(r["latency_ms"]["p50"], 0),
+                    _fmt(r["latency_ms"]["p95"], 0),
+                    _fmt(r["latency_ms"]["p99"], 0),
+                    _fmt(r["batch_size_mean"]),
+                    " / ".join(
+                        _fmt(breakdown.get(k), 1) for k in ("queue", "preprocess", "inference", "postprocess", "other")
+                    ),
+                    r["errors"],
+                ]
+            )
+    header = [
+        "config",
+        "conc.",
+        "img/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "mean batch",
+        "server median ms: queue / preprocess / inference / postprocess / other",
+        "errors",
+    ]
+    return markdown_table(header, rows)
+
+
+# (e) ------------------------------------------------------------------------------------------------
+
+
+def ceiling(opts: Options, rounds: int = 3) -> dict:
+    """Per served engine: the model-only ceiling in this process, bracketed with the server's own runs.
+
+    The server sits idle (its worker blocks on the queue) while this process times the model, then
+    this process idles while the load generator drives the server: ``rounds`` alternations, so a slow
+    minute of a shared machine hits both sides. Efficiency = served img/s at concurrency 32 / the
+    model-only img/s at the serving batch (8); latency ratio = served p50 at concurrency 1 / the
+    model-only batch-1 time. Medians over the rounds.
+    """
+    device = torch.device("cpu")
+    set_worker_threads(device)
+    engines, efficiency = {}, {}
+    for config in VISION_SERVE_CONFIGS:
+        if config.compiled and config.precision not in opts.inputs.artifacts:
+            continue
+        artifact = str(opts.inputs.artifacts[config.precision]) if config.compiled else None
+        served = load_served(opts.inputs.model, str(opts.inputs.weights_file), artifact, device)
+        specs = [closed(opts.requests // 2, TARGET_CONCURRENCY), closed(16, 1, warmup=2)]
+        per_round = []
+        with vision_serve(config, opts.inputs) as url:
+            for _ in range(rounds):
+                model = measure_ceiling(served, opts.inputs.images, [1, CPU_MAX_BATCH], device, repeats=5)
+                top, single = (run_record(r) for r in load_runs(url, opts.inputs.images, specs, config.label))
+                per_round.append({"model": model, "served_c32": top, "served_c1": single})
+        del served
+        engine = engine_label(config)
+        engines[engine] = _median_ceiling(per_round)
+        efficiency[config.label] = _efficiency(per_round)
+    rows = [
+        [label, _fmt(e["ceiling_img_per_s"], 2), _fmt(e["served_img_per_s"], 2), f"**{e['ratio']:.3f}**",
+         _fmt(e["model_b1_ms"]), _fmt(e["served_c1_p50_ms"]), f"**{e['c1_ratio']:.3f}**",
+         " / ".join(f"{r:.3f}" for r in e["ratio_rounds"])]
+        for label, e in efficiency.items()
+    ]  # fmt: skip
+    header = ["server", "model-only img/s (batch 8)", "served img/s (c=32)", "efficiency",
+              "model-only batch 1 ms", "served p50 ms (c=1)", "c=1 latency ratio", "efficiency per round"]  # fmt: skip
+    md = "# (e) Model-only ceiling in process, and server efficiency\n\n" + markdown_table(header, rows)
+    md += f"\n\nMedians of {rounds} alternating rounds (model-only, then served at c=32 and c=1). Model-only: "
+    md += "model + softmax + top-5 to the host on preprocessed photos (what the worker's predict runs), "
+    md += f"{torch.get_num_threads()} threads, medians of 5 calls per round.\n"
+    record = {"engines": engines, "efficiency": efficiency, "rounds": rounds}
+    write_experiment(opts.out, "ceiling", record, md)
+    return record
+
+
+def engine_label(config: ServerConfig) -> str:
+    return f"inductor-{config.precision}" if config.compiled else "eager-fp32"
+
+
+def _median_ceiling(per_round: list[dict]) -> dict:
+    batches = {}
+    for size in per_round[0]["model"]["batches"]:
+        cells = [r["model"]["batches"][size] for r in per_round]
+        batches[size] = {key: statistics.median(c[key] for c in cells) for key in cells[0]}
+    return {"engine": per_round[0]["model"]["engine"], "batches": batches}
+
+
+def _efficiency(per_round: list[dict]) -> dict:
+    ratios = [r["served_c32"]["throughput_rps"] / r["model"]["batches"]["8"]["model_img_per_s"] for r in per_round]
+    c1 = [r["served_c1"]["latency_ms"]["p50"] / r["model"]["batches"]["1"]["model_ms"] for r in per_round]
+    return {
+        "ratio": statistics.median(ratios),
+        "ratio_rounds": ratios,
+        "served_img_per_s": statistics.median(r["served_c32"]["throughput_rps"] for r in per_round),
+        "ceiling_img_per_s": statistics.median(r["model"]["batches"]["8"]["model_img_per_s"] for r in per_round),
+        "c1_ratio": statistics.median(c1),
+        "c1_ratio_rounds": c1,
+        "served_c1_p50_ms": statistics.median(r["served_c1"]["latency_ms"]["p50"] for r in per_round),
+        "model_b1_ms": statistics.median(r["model"]["batches"]["1"]["model_ms"] for r in per_round),
+        "server_ms_median_c32": per_round[-1]["served_c32"]["server_ms_median"],
+        "batch_sizes_c32": per_round[-1]["served_c32"]["batch_sizes"],
+    }
+
+
+# (b) ------------------------------------------------------------------------------------------------
+
+
+def batching(opts: Options) -> dict:
+    """Batching off vs on (closed loop), then the batch delay under Poisson arrivals."""
+    runs = {
+        "batching off (max batch 1)": _serve_sweep(opts, ServerConfig("batching off", max_batch_size=1), [1, 8, 32]),
+        "batching on (max batch 8)": _serve_sweep(opts, ServerConfig("batching on"), [1, 8, 32]),
+    }
+    on_rps = runs["batching on (max batch 8)"][TARGET_CONCURRENCY]["throughput_rps"]
+    capacity = on_rps
+    rate = round(0.7 * capacity, 2)  # 70 % of capacity: batches form only if the delay lets them
+    delays = [0, 5, 25, 100]
+    poisson = {}
+    for delay in delays:
+        config = ServerConfig(f"delay {delay} ms", batch_timeout_ms=delay)
+        spec = LoadSpec(max(40, opts.requests // 2), mode="open", rate=rate, warmup_requests=8)
+        with vision_serve(config, opts.inputs) as url:
+            (result,) = load_runs(url, opts.inputs.images, [spec], config.label)
+        poisson[config.label] = {TARGET_CONCURRENCY: run_record(result)}
+    title = f"{opts.inputs.model} eager fp32, batching"
+    written = _plots_for(opts, "batching", runs, title)
+    delay_cdf = {label: r[TARGET_CONCURRENCY]["latencies_ms"] for label, r in poisson.items()}
+    delay_title = f"Poisson arrivals at {rate:g} req/s: batch delay"
+    written.append(plots.latency_cdf(delay_cdf, delay_title, opts.out / "batching-delay-cdf.png").name)
+    off = runs["batching off (max batch 1)"][TARGET_CONCURRENCY]["throughput_rps"]
+    md = "# (b) Batching off vs on\n\n" + _runs_table(runs)
+    md += f"\n\nBatching speed-up at concurrency {TARGET_CONCURRENCY}: **{on_rps / off:.2f}x**.\n\n"
+    md += f"## Batch delay, Poisson arrivals at {rate:g} req/s (70 % of the batched capacity)\n\n"
+    md += _runs_table({k: {0: v[TARGET_CONCURRENCY]} for k, v in poisson.items()}).replace("| 0 |", "| open |")
+    md += "\n\n" + "\n".join(f"![{p}]({p})" for p in written) + "\n"
+    record = {"closed_loop": runs, "poisson_rate_rps": rate, "poisson_by_delay": poisson, "speedup": on_rps / off}
+    write_experiment(opts.out, "batching", record, md)
+    return record
+
+
+# (c) ------------------------------------------------------------------------------------------------
+
+
+def workers(opts: Options) -> dict:
+    runs = {
+        f"{n} worker{'s' if n > 1 else ''}": _serve_sweep(
+            opts, ServerConfig(f"{n} workers", workers_per_device=n), [8, TARGET_CONCURRENCY]
+        )
+        for n in (1, 2)
+    }
+    written = _plots_for(opts, "workers", runs, f"{opts.inputs.model} eager fp32, workers per device")
+    one, two = (runs[k][TARGET_CONCURRENCY]["throughput_rps"] for k in runs)
+    md = "# (c) Workers per device: 1 vs 2\n\n" + _runs_table(runs)
+    md += f"\n\n2 workers / 1 worker at concurrency {TARGET_CONCURRENCY}: **{two / one:.2f}x** "
+    md += "(each worker gets cores / workers torch threads).\n\n" + "\n".join(f"![{p}]({p})" for p in written) + "\n"
+    record = {"runs": runs, "ratio_2_over_1": two / one}
+    write_experiment(opts.out, "workers", record, md)
+    return record
+
+
+# (a) ------------------------------------------------------------------------------------------------
+
+
+def per_process(opts: Options, parallel: int = 2) -> dict:
+    """``per_process_images`` images, each by a fresh process, ``parallel`` at a time; then the server."""
+    paths = sorted(opts.inputs.images_dir.iterdir())
+    chosen = [paths[i % len(paths)] for i in range(opts.per_process_images)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.per_process_classify",
+        "--model",
+        opts.inputs.model,
+        "--weights",
+        str(opts.inputs.weights_file),
+    ]
+
+    def one(path: Path) -> float:
+        started = time.perf_counter()
+        subprocess.run([*command, str(path)], check=True, capture_output=True)
+        return (time.perf_counter() - started) * 1e3
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        latencies = list(pool.map(one, chosen))
+    elapsed = time.perf_counter() - started
+    per_process_rps = len(chosen) / elapsed
+    images = [p.read_bytes() for p in chosen]
+    specs = [closed(len(chosen), parallel), closed(len(chosen), TARGET_CONCURRENCY)]
+    with vision_serve(ServerConfig("central server"), opts.inputs) as url:
+        served = load_runs(url, images, specs, "central server")
+    server = {s.spec.concurrency: run_record(s) for s in served}
+    ratio_same = server[parallel]["throughput_rps"] / per_process_rps
+    ratio_best = server[TARGET_CONCURRENCY]["throughput_rps"] / per_process_rps
+    rows = [
+        [
+            f"one process per image, {parallel} at a time",
+            f"{per_process_rps:.3f}",
+            _fmt(statistics.median(latencies), 0),
+            "1.00x",
+        ],
+        [
+            f"vision-serve, concurrency {parallel}",
+            f"{server[parallel]['throughput_rps']:.2f}",
+            _fmt(server[parallel]["latency_ms"]["p50"], 0),
+            f"{ratio_same:.1f}x",
+        ],
+        [
+            f"vision-serve, concurrency {TARGET_CONCURRENCY}",
+            f"{server[TARGET_CONCURRENCY]['throughput_rps']:.2f}",
+            _fmt(server[TARGET_CONCURRENCY]["latency_ms"]["p50"], 0),
+            f"{ratio_best:.1f}x",
+        ],
+    ]
+    md = f"# (a) Seed 000: one process per image vs the central server, {len(chosen)} images\n\n"
+    md += markdown_table(["approach", "img/s", "p50 ms", "vs per-process"], rows)
+    md += "\n\nThe per-process script: `python -m benchmarks.per_process_classify IMAGE` (imports torch, builds "
+    md += "the model, loads the weights file, torchvision transforms, eager fp32, batch 1).\n"
+    cdf = {f"per process, {parallel} at a time": latencies}
+    cdf.update({f"server c={c}": r["latencies_ms"] for c, r in server.items()})
+    written = plots.latency_cdf(
+        cdf, "one process per image vs central server", opts.out / "per_process-latency-cdf.png"
+    )
+    md += f"\n![{written.name}]({written.name})\n"
+    record = {
+        "images": len(chosen),
+        "parallel": parallel,
+        "per_process": {"throughput_rps": per_process_rps, "elapsed_s": elapsed, "latencies_ms": latencies},
+        "server": server,
+        "ratio_same_parallelism": ratio_same,
+        "ratio_server_best": ratio_best,
+    }
+    write_experiment(opts.out, "per_process", record, md)
+    return record
+
+
+# (f) ------------------------------------------------------------------------------------------------
+
+
+def agreement_inputs(photos: Sequence[bytes], variants: int, seed: int = 0) -> list[bytes]:
+    """Each photo plus random crops, flips and scalings of it: more distinct inputs than 12 photos."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for data in photos:
+        with Image.open(io.BytesIO(data)) as opened:
+            photo = opened.convert("RGB")
+        out.append(data)
+        for _ in range(variants - 1):
+            scale, fx, fy, flip = torch.rand(4, generator=generator).tolist()
+            w, h = int(photo.width * (0.5 + 0.5 * scale)), int(photo.height * (0.5 + 0.5 * scale))
+            left, top = int((photo.width - w) * fx), int((photo.height - h) * fy)
+            variant = photo.crop((left, top, left + w, top + h))
+            variant = ImageOps.mirror(variant) if flip > 0.5 else variant
+            buf = io.BytesIO()
+            variant.save(buf, format="PNG")  # lossless: the only difference between runs is the precision
+            out.append(buf.getvalue())
+    return out
+
+
+def logits_for(run: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, batch: int = 8) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([run(images[i : i + batch]).float() for i in range(0, len(images), batch)])
+
+
+def precision(opts: Options, ceiling_record: dict) -> dict:
+    """Speed from the ceiling run; top-1 agreement with eager fp32 for every engine, on ResNet-152 with
+    the served weights and on EfficientNet-Lite0 with real ImageNet weights (random weights make
+    agreement easy: their top-1 hardly depends on the input, so the real model is the honest check)."""
+    device = torch.device("cpu")
+    set_worker_threads(device)
+    inputs_bytes = agreement_inputs(opts.inputs.images, AGREEMENT_VARIANTS)
+    agreement: dict[str, dict] = {}
+    models = {opts.inputs.model: str(opts.inputs.weights_file), "efficientnet-lite0": "imagenet"}
+    for model_name, weights in models.items():
+        entry = get_model_entry(model_name)
+        images = PilPreprocessor(entry.preprocess, "cpu")(inputs_bytes).images
+        reference_model = load_model(entry, weights).module.eval()
+        reference = logits_for(reference_model, images)
+        engines = {"eager-bf16": _eager_precision(reference_model, torch.bfloat16)}
+        if model_name == opts.inputs.model:
+            for p, artifact in opts.inputs.artifacts.items():
+                engines[f"inductor-{p}"] = load_served(model_name, weights, str(artifact), device)
+        agreement[model_name] = {
+            "weights": weights,
+            "inputs": len(images),
+            "distinct_fp32_top1": len(set(reference.argmax(1).tolist())),
+            "engines": {name: compare_logits(logits_for(run, images), reference) for name, run in engines.items()},
+        }
+    speed = {name: r["batches"]["8"]["model_img_per_s"] for name, r in ceiling_record["engines"].items()}
+    rows = []
+    for model_name, result in agreement.items():
+        for name, metrics in result["engines"].items():
+            rows.append(
+                [
+                    model_name,
+                    name,
+                    f"{metrics['top1_agreement'] * 100:.1f} %",
+                    f"{metrics['top5_overlap'] * 100:.1f} %",
+                    f"{metrics['cosine']:.5f}",
+                    _fmt(speed.get(name) / speed["eager-fp32"], 2) + "x"
+                    if model_name == opts.inputs.model and name in speed
+                    else "-",
+                ]
+            )
+    md = f"# (f) fp32 vs bf16 on this CPU: speed and agreement with eager fp32\n\n{len(inputs_bytes)} inputs: "
+    md += f"the {len(opts.inputs.images)} benchmark photos and {AGREEMENT_VARIANTS - 1} crops/flips of each.\n\n"
+    md += markdown_table(
+        ["model", "engine", "top-1 agreement", "top-5 overlap", "min cosine", "speed at batch 8"], rows
+    )
+    for model_name, result in agreement.items():
+        md += f"\n\n{model_name} ({result['weights']}): {result['distinct_fp32_top1']} distinct fp32 top-1 classes"
+    record = {"agreement": agreement, "model_img_per_s_batch8": speed}
+    write_experiment(opts.out, "precision", record, md + "\n")
+    return record
+
+
+def _eager_precision(model: torch.nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    import copy
+
+    cast = copy.deepcopy(model).to(dtype)
+    return lambda images: cast(images.to(dtype))
+
+
+# (d) ------------------------------------------------------------------------------------------------
+
+
+def torchserve_configs() -> dict:
+    """The seed setup (batch 8, and no batching; default workers, queue and delay), plus one worker
+    with batch 8: TorchServe's default of one worker per core oversubscribes a 2-core box."""
+    from benchmarks.torchserve_peer import TorchServeConfig
+
+    return {
+        "TorchServe batch 8": TorchServeConfig(batch_size=8),
+        "TorchServe no batching": TorchServeConfig(batch_size=1),
+        "TorchServe batch 8, 1 worker": TorchServeConfig(batch_size=8, workers=1),
+    }
+
+
+def torchserve(opts: Options) -> dict:
+    """TorchServe's seed setup and vision-serve's configurations at concurrency 1 and 32, one after another."""
+    from benchmarks.torchserve_peer import TorchServeProcess, build_mar, export_torchscript
+
+    concurrencies = [1, TARGET_CONCURRENCY]
+    work = opts.inputs.work / "torchserve"
+    model_store = work / "model_store"
+    if not (model_store / f"{opts.inputs.model}.mar").exists():  # 40 s of tracing and zipping: once per work dir
+        torchscript = export_torchscript(opts.inputs.model, str(opts.inputs.weights_file), work / "model.pt")
+        build_mar(torchscript, model_store, opts.inputs.model)
+    specs = [closed(max(4 * c, opts.requests * c // TARGET_CONCURRENCY), c) for c in concurrencies]
+    runs: dict[str, dict[int, dict]] = {}
+    for index, (label, config) in enumerate(torchserve_configs().items()):
+        with TorchServeProcess(config, model_store, work / f"run-{index}") as server:
+            results = load_runs(server.predict_url, opts.inputs.images, specs, label)
+        runs[label] = {c: run_record(r) for c, r in zip(concurrencies, results, strict=True)}
+    for config in VISION_SERVE_CONFIGS:
+        if config.compiled and config.precision not in opts.inputs.artifacts:
+            continue
+        runs[config.label] = _serve_sweep(opts, config, concurrencies)
+    best_ts = max(
+        (r for label, r in runs.items() if label.startswith("TorchServe")),
+        key=lambda r: r[TARGET_CONCURRENCY]["throughput_rps"],
+    )
+    written = _plots_for(opts, "torchserve", runs, f"{opts.inputs.model}: TorchServe vs vision-serve")
+    md = "# (d) TorchServe peer vs vision-serve, same weights, photos and concurrency\n\n" + _runs_table(runs)
+    md += "\n\nRatios at concurrency 32, to the best TorchServe configuration:\n\n"
+    md += markdown_table(
+        ["config", "img/s ratio"],
+        [
+            [label, f"{r[TARGET_CONCURRENCY]['throughput_rps'] / best_ts[TARGET_CONCURRENCY]['throughput_rps']:.2f}x"]
+            for label, r in runs.items()
+        ],
+    )
+    md += "\n\nTorchServe 0.12: TorchScript (traced eager fp32), default `image_classifier` handler, default "
+    md += "queue, `maxBatchDelay` 100 ms (its default); default workers = one per core, each with torch's "
+    md += "default threads (= cores).\n\n"
+    md += "\n".join(f"![{p}]({p})" for p in written) + "\n"
+    configs = {label: dataclasses.asdict(config) for label, config in torchserve_configs().items()}
+    record = {"runs": runs, "torchserve_configs": configs}
+    write_experiment(opts.out, "torchserve", record, md)
+    return record
+
+
+# targets ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    goal: float  # the ratio must be >= goal (or <= goal where lower_is_better)
+    measured: float
+    detail: str
+    lower_is_better: bool = False
+
+    @property
+    def met(self) -> bool:
+        return self.measured <= self.goal if self.lower_is_better else self.measured >= self.goal
+
+
+def targets(ceiling_record: dict, torchserve_record: dict, per_process_record: dict, precision_record: dict) -> list:
+    """The CPU targets of issue 6, each as a measured ratio (all from the same ``all`` run): efficiency
+    and idle latency from (e), where the ceiling is bracketed with the server's runs; the TorchServe
+    ratios from (d), where every contender runs back to back; the per-process ratio from (a)."""
+    runs = torchserve_record["runs"]
+    efficiency = ceiling_record["efficiency"]
+    engine_of = {c.label: engine_label(c) for c in VISION_SERVE_CONFIGS}
+    precision_of = {c.label: c.precision for c in VISION_SERVE_CONFIGS}
+    ours = [label for label in runs if label in engine_of]
+    top = TARGET_CONCURRENCY
+
+    def rps(label: str) -> float:
+        return runs[label][top]["throughput_rps"]
+
+    found = []
+    for label, e in efficiency.items():
+        how = f"{e['served_img_per_s']:.2f} img/s served at c={top} / {e['ceiling_img_per_s']:.2f} img/s model-only"
+        found.append(Target(f"efficiency, {label}", 0.95, e["ratio"], how + " at batch 8 (median of rounds)"))
+    best_ts = max((label for label in runs if label.startswith("TorchServe")), key=rps)
+    versus = {}
+    fp32_best = max((label for label in ours if precision_of[label] == "fp32"), key=rps)
+    qualified = [label for label in ours if precision_agrees(precision_record, engine_of[label], precision_of[label])]
+    versus["vs TorchServe at fp32"] = (1.3, fp32_best)
+    versus[f"vs TorchServe, fastest precision with top-1 agreement >= {MIN_AGREEMENT:.0%}"] = (
+        2.0,
+        max(qualified, key=rps),
+    )
+    for name, (goal, label) in versus.items():
+        how = f"{label} {rps(label):.2f} img/s / {best_ts} {rps(best_ts):.2f} img/s at c={top}"
+        found.append(Target(name, goal, rps(label) / rps(best_ts), how))
+    per_process_rps = per_process_record["per_process"]["throughput_rps"]
+    parallel = per_process_record["parallel"]
+    server = per_process_record["server"]
+    same = server.get(parallel) or server[str(parallel)]  # int keys in memory, str keys once read from JSON
+    how = f"server c={parallel} {same['throughput_rps']:.2f} img/s / per-process {per_process_rps:.3f} img/s"
+    ratio = same["throughput_rps"] / per_process_rps
+    found.append(Target("vs one process per image (same parallelism)", 10.0, ratio, how))
+    for label, e in efficiency.items():
+        how = f"p50 {e['served_c1_p50_ms']:.1f} ms / model-only batch 1 {e['model_b1_ms']:.1f} ms (median of rounds)"
+        found.append(Target(f"concurrency-1 latency, {label}", 1.15, e["c1_ratio"], how, lower_is_better=True))
+    return found
+
+
+def precision_agrees(precision_record: dict, engine: str, precision_name: str) -> bool:
+    """fp32 always; another precision when every model measured agrees with fp32 on >= 99 % of top-1s:
+    the served model's own engine, and (where measured) eager at that precision on the real-weights model,
+    because a random-weights model's top-1 hardly depends on its input."""
+    if precision_name == "fp32":
+        return True
+    scores = []
+    for index, result in enumerate(precision_record["agreement"].values()):
+        engines = result["engines"]
+        name = engine if index == 0 else f"eager-{precision_name}"
+        if name in engines:
+            scores.append(engines[name]["top1_agreement"])
+        elif index == 0:
+            return False  # the served engine itself was not measured
+    return bool(scores) and min(scores) >= MIN_AGREEMENT
+
+
+def targets_markdown(found: Sequence[Target]) -> str:
+    rows = [
+        [
+            t.name,
+            f"{'<=' if t.lower_is_better else '>='} {t.goal:g}",
+            f"**{t.measured:.2f}**",
+            "met" if t.met else "NOT met",
+            t.detail,
+        ]
+        for t in found
+    ]
+    return "# CPU targets, measured side by side in one run\n\n" + markdown_table(
+        ["target", "goal", "measured", "", "how"], rows
+    )
+
+
+# CLI ----------------------------------------------------------------------------------------------------
+
+EXPERIMENTS = ("per-process", "batching", "workers", "torchserve", "ceiling", "precision", "all")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment", choices=EXPERIMENTS)
+    parser.add_argument("--model", default="resnet152")
+    parser.add_argument("--weights", default="random", help="random (seeded), imagenet, or a state_dict file")
+    parser.add_argument("--requests", type=int, default=256, help="requests per run at concurrency 32")
+    parser.add_argument("--per-process-images", type=int, default=200)
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK_DIR, help="inputs reused across runs")
+    parser.add_argument("--output-dir", type=Path, default=None)
+    parser.add_argument("--precisions", default="fp32,bf16", help="CPU artifacts to compile and serve")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    needs_artifacts = args.experiment in ("torchserve", "ceiling", "precision", "all")
+    precisions = [p for p in args.precisions.split(",") if p] if needs_artifacts else []
+    inputs = prepare_inputs(args.model, args.work, args.weights, precisions)
+    out = results_dir(args.output_dir)
+    opts = Options(inputs, out, args.requests, args.per_process_images)
+    started = time.perf_counter()
+    chosen = EXPERIMENTS[:-1] if args.experiment == "all" else (args.experiment,)
+    records: dict[str, dict] = {}
+    for name in chosen:
+        logger.info("=== experiment %s", name)
+        if name == "precision":
+            records[name] = precision(opts, records.get("ceiling") or _read(out, "ceiling") or ceiling(opts))
+        else:
+            records[name] = {
+                "per-process": per_process,
+                "batching": batching,
+                "workers": workers,
+                "torchserve": torchserve,
+                "ceiling": ceiling,
+            }[name](opts)
+    if args.experiment == "all":
+        found = targets(records["ceiling"], records["torchserve"], records["per-process"], records["precision"])
+        md = targets_markdown(found)
+        write_experiment(out, "targets", {"targets": [{**t.__dict__, "met": t.met} for t in found]}, md)
+        print(md)
+    (out / "machine.json").write_text(json.dumps(machine_record(), indent=1) + "\n")
+    logger.info("done in %.0f s; results in %s", time.perf_counter() - started, out)
+
+
+def _read(out: Path, name: str) -> dict | None:
+    path = out / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The whole GPU benchmark in one command, in under 10 minutes, into one folder.
+
+    python -m benchmarks.gpu_suite                    # ResNet-152, random weights, cuda:0
+    python -m benchmarks.gpu_suite --output-dir /tmp/gpu-results --quick
+
+Steps, in order (each one's wall time is recorded; a step that cannot run is recorded as skipped
+with the reason, and the rest go on):
+1. compile: ``compile-trt --backend auto`` (TensorRT where torch_tensorrt imports, else AOTInductor)
+   at fp16, batch 1..64; the compile time comes from the manifest;
+2. model-only ceiling of the compiled engine and of eager fp32 at batch 1 and 64;
+3. preprocessing micro-benchmark: ``benchmarks.preprocess_throughput --device cuda``;
+4. concurrency sweep of vision-serve (compiled engine, GPU preprocessing: ``--preprocess auto``);
+5. Poisson arrivals at 50 % and 90 % of the sweep's best throughput;
+6. the baseline server: eager fp32 with Pillow preprocessing (``--preprocess pil``), same sweep.
+Load comes from several client processes (``--client-processes``) so the client is not the bottleneck.
+Writes ``gpu_suite.json``, ``gpu_suite.md`` and plots under benchmarks/results/<gpu>-<date>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks import plots
+from benchmarks.ceiling import load_served, measure_ceiling
+from benchmarks.common import machine_record, results_dir
+from benchmarks.loadgen import LoadSpec, run_load
+from benchmarks.suite import (
+    DEFAULT_WORK_DIR,
+    ServerConfig,
+    compile_artifact,
+    markdown_table,
+    prepare_inputs,
+    run_record,
+    vision_serve,
+    write_experiment,
+)
+from compile.manifest import read_manifest
+
+logger = logging.getLogger(__name__)
+
+GPU_MAX_BATCH = 64
+CONCURRENCIES = (1, 16, 64, 256)
+QUICK_CONCURRENCIES = (1, 64)
+SECONDS_PER_RUN = 20.0  # each sweep point: as many requests as fit, bounded by time
+POISSON_FRACTIONS = (0.5, 0.9)
+SERVER_PARTS = ("queue", "preprocess", "inference")
+
+
+def _step(record: dict, name: str, fn: Callable[[], object]) -> object:
+    started = time.perf_counter()
+    try:
+        result = fn()
+        record["steps"][name] = {"seconds": time.perf_counter() - started, "status": "ok"}
+        return result
+    except Exception as exc:  # one failed step must not cost the rest of a rare GPU session
+        logger.exception("step %s failed", name)
+        record["steps"][name] = {"seconds": time.perf_counter() - started, "status": f"failed: {exc!r}"}
+        return None
+
+
+def _sweep(url: str, images: list[bytes], concurrencies: tuple[int, ...], processes: int) -> dict[int, dict]:
+    runs = {}
+    for c in concurrencies:
+        spec = LoadSpec(requests=max(50, 400 * c), concurrency=c, max_seconds=SECONDS_PER_RUN, warmup_requests=c)
+        runs[c] = run_record(run_load(url, images, spec, processes=min(processes, c)))
+        logger.info("c=%d: %.1f img/s, p50 %.1f ms", c, runs[c]["throughput_rps"], runs[c]["latency_ms"]["p50"])
+    return runs
+
+
+def report(record: dict, out: Path, model: str, top_concurrency: int) -> str:
+    """Plots and the markdown summary of a suite record."""
+    gpu = record["machine"].get("gpu")
+    written = []
+    if record["sweeps"]:
+        series = {
+            label: [(c, r["throughput_rps"]) for c, r in sweep.items()] for label, sweep in record["sweeps"].items()
+        }
+        written.append(plots.throughput_vs_concurrency(series, f"{model} on {gpu}", out / "gpu_suite-throughput.png"))
+        cdf = {
+            f"{label}, {name}": r["latencies_ms"]
+            for label, runs in record["poisson"].items()
+            for name, r in runs.items()
+        }
+        written.append(plots.latency_cdf(cdf, "Poisson arrivals", out / "gpu_suite-latency-cdf.png"))
+        top = {label: sweep[max(sweep)]["batch_sizes"] for label, sweep in record["sweeps"].items()}
+        title = f"batch sizes at c={top_concurrency}"
+        written.append(plots.batch_histogram(top, title, out / "gpu_suite-batch-sizes.png"))
+    rows = []
+    for label, sweep in record["sweeps"].items():
+        for c, r in sweep.items():
+            parts = " / ".join(f"{r['server_ms_median'].get(k, float('nan')):.1f}" for k in SERVER_PARTS)
+            latency = r["latency_ms"]
+            mean_batch = r["batch_size_mean"] or 0
+            rows.append(
+                [
+                    label,
+                    c,
+                    f"{r['throughput_rps']:.1f}",
+                    f"{latency['p50']:.1f}",
+                    f"{latency['p99']:.1f}",
+                    f"{mean_batch:.1f}",
+                    parts,
+                ]
+            )
+    header = ["server", "conc.", "img/s", "p50 ms", "p99 ms", "mean batch", " / ".join(SERVER_PARTS) + " ms"]
+    steps = [[name, f"{step['seconds']:.0f}", step["status"]] for name, step in record["steps"].items()]
+    md = f"# GPU suite: {model} on {gpu}\n\n" + markdown_table(header, rows)
+    md += "\n\n" + markdown_table(["step", "seconds", "status"], steps)
+    return md + "\n\n" + "\n".join(f"![{p.name}]({p.name})" for p in written) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet152")
+    parser.add_argument("--weights", default="random")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--client-processes", type=int, default=4)
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK_DIR / "gpu")
+    parser.add_argument("--output-dir", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="two concurrencies, one Poisson rate")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not torch.cuda.is_available():
+        parser.error("no CUDA device: this suite is for GPU machines (the CPU one is benchmarks.experiments).")
+    device = torch.device(args.device)
+    out = results_dir(args.output_dir, device)
+    concurrencies = QUICK_CONCURRENCIES if args.quick else CONCURRENCIES
+    record: dict = {"machine": machine_record(device), "steps": {}, "model": args.model, "precision": args.precision}
+    inputs = prepare_inputs(args.model, args.work, args.weights)
+    images = inputs.images
+
+    def compile_step() -> Path:
+        batch = (1, GPU_MAX_BATCH // 2, GPU_MAX_BATCH)
+        artifact = compile_artifact(inputs, args.precision, args.device, "auto", batch)
+        manifest = read_manifest(artifact)
+        record["compile"] = {
+            "backend": manifest.backend,
+            "engine": manifest.engine_name,
+            "compile_seconds": manifest.compile_seconds,
+        }
+        return artifact
+
+    artifact = _step(record, "compile", compile_step)
+    if artifact is not None:
+        inputs.artifacts[args.precision] = artifact
+
+    def ceiling_step() -> dict:
+        found = {}
+        for label, source in (("eager-fp32", None), ("compiled", artifact)):
+            if label == "compiled" and source is None:
+                continue
+            served = load_served(args.model, str(inputs.weights_file), source and str(source), device)
+            found[label] = measure_ceiling(served, images, [1, GPU_MAX_BATCH], device, repeats=10)
+            del served
+            torch.cuda.empty_cache()
+        return found
+
+    record["ceiling"] = _step(record, "ceiling", ceiling_step)
+    preprocess_dir = out / "preprocess"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.preprocess_throughput",
+        "--device",
+        args.device,
+        "--output",
+        str(preprocess_dir),
+    ]
+    _step(record, "preprocess", lambda: subprocess.run(command, check=True, timeout=180))
+
+    configs = {
+        "baseline: eager fp32 + Pillow": ServerConfig(
+            "baseline", args.device, preprocess="pil", max_batch_size=GPU_MAX_BATCH
+        )
+    }
+    if artifact is not None:
+        label = f"vision-serve: {record['compile']['engine']} + GPU preprocessing"
+        configs = {
+            label: ServerConfig("compiled", args.device, args.precision, compiled=True, max_batch_size=GPU_MAX_BATCH),
+            **configs,
+        }
+    record["sweeps"], record["poisson"] = {}, {}
+    for label, config in configs.items():
+
+        def serve_step(label: str = label, config: ServerConfig = config) -> None:
+            with vision_serve(config, inputs) as url:
+                sweep = _sweep(url, images, concurrencies, args.client_processes)
+                record["sweeps"][label] = sweep
+                peak = max(r["throughput_rps"] for r in sweep.values())
+                for fraction in POISSON_FRACTIONS[: 1 if args.quick else None]:
+                    rate = round(fraction * peak, 1)
+                    spec = LoadSpec(
+                        requests=int(rate * SECONDS_PER_RUN),
+                        mode="open",
+                        rate=rate,
+                        max_seconds=SECONDS_PER_RUN,
+                        warmup_requests=32,
+                    )
+                    result = run_load(url, images, spec, processes=args.client_processes)
+                    name = f"{fraction:.0%} of peak ({rate:g} req/s)"
+                    record["poisson"].setdefault(label, {})[name] = run_record(result)
+
+        _step(record, f"serve {config.label}", serve_step)
+
+    md = report(record, out, args.model, max(concurrencies))
+    write_experiment(out, "gpu_suite", record, md)
+    (out / "machine.json").write_text(json.dumps(record["machine"], indent=1) + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

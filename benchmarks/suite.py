@@ -1,0 +1,161 @@
+"""What the experiments share: the inputs they prepare once, the servers they start, how they write.
+
+An experiment's inputs live in a work folder (``--work``, default /tmp/vision-serve-bench) and are
+reused across runs: the benchmark photos, the model's weights as a state_dict file (so vision-serve,
+TorchServe and the per-process script load identical weights), and compiled CPU artifacts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from benchmarks.images import read_images, write_benchmark_images
+from benchmarks.loadgen import LoadResult, LoadSpec, format_summary, run_load
+from compile.catalog import get_model_entry
+from compile.weights import load_model
+from service.process import ServerProcess
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WORK_DIR = Path("/tmp/vision-serve-bench")
+# The CPU experiments serve batches of up to 8, TorchServe's batch size in the seed setup; on 2 cores
+# ResNet-152 is fastest per image at 8 (7.8 img/s eager vs 6.7 at 32, compiled_throughput results).
+CPU_MAX_BATCH = 8
+# Closed-loop runs never hit the deadline on purpose: a slow configuration must show up as low
+# throughput and high latency, not as 504s.
+BENCH_REQUEST_TIMEOUT_S = 600
+BENCH_MAX_QUEUE = 4096
+
+
+@dataclass
+class Inputs:
+    """Prepared once per work folder; see the module docstring."""
+
+    model: str
+    work: Path
+    images_dir: Path
+    weights_file: Path
+    artifacts: dict[str, Path] = field(default_factory=dict)  # precision -> compile-trt artifact (CPU, inductor)
+
+    @property
+    def images(self) -> list[bytes]:
+        return read_images(self.images_dir)
+
+
+def prepare_inputs(model: str, work: Path, weights: str = "random", precisions: Sequence[str] = ()) -> Inputs:
+    """Photos, a weights file and one AOTInductor artifact per precision in ``precisions``."""
+    work.mkdir(parents=True, exist_ok=True)
+    images_dir = work / "images"
+    if not images_dir.is_dir():
+        write_benchmark_images(images_dir)
+    weights_file = work / f"{model}-{weights.replace('/', '_')}.pt"
+    if not weights_file.exists():
+        # One file for every contender; `random` is seeded, so reruns serve the same model.
+        loaded = load_model(get_model_entry(model), weights)
+        torch.save(loaded.module.state_dict(), weights_file)
+    inputs = Inputs(model, work, images_dir, weights_file)
+    for precision in precisions:
+        inputs.artifacts[precision] = compile_artifact(inputs, precision)
+    return inputs
+
+
+def compile_artifact(
+    inputs: Inputs,
+    precision: str,
+    device: str = "cpu",
+    backend: str = "inductor",
+    batch: tuple[int, int, int] = (1, CPU_MAX_BATCH, CPU_MAX_BATCH),
+) -> Path:
+    """``compile-trt`` into the work folder; instant when the artifact is already there (its cache key)."""
+    device_suffix = "" if device == "cpu" else f"-{device.split(':')[0]}"
+    output = inputs.work / f"{inputs.model}-{backend}-{precision}{device_suffix}"
+    command = [
+        sys.executable, "-m", "compile.cli", "--model", inputs.model, "--weights", str(inputs.weights_file),
+        "--backend", backend, "--precision", precision, "--device", device, "--batch", ",".join(map(str, batch)),
+        "--output", str(output), "--log-level", "warning",
+    ]  # fmt: skip
+    logger.info("compile-trt %s %s %s on %s (cached in %s)", inputs.model, backend, precision, device, output)
+    subprocess.run(command, check=True)
+    return output
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One vision-serve configuration under test."""
+
+    label: str
+    device: str = "cpu"
+    precision: str = "fp32"
+    compiled: bool = False  # serve the AOTInductor artifact of ``precision`` instead of the eager model
+    max_batch_size: int = CPU_MAX_BATCH
+    batch_timeout_ms: float | None = None  # None: the server's default
+    workers_per_device: int = 1
+    preprocess: str | None = None  # None: the server's default (auto)
+    extra_args: tuple[str, ...] = ()
+
+    def args(self, inputs: Inputs) -> list[str]:
+        if self.compiled:
+            source = ["--artifact", str(inputs.artifacts[self.precision])]
+        elif self.precision == "fp32":
+            source = ["--model", inputs.model, "--weights", str(inputs.weights_file)]
+        else:
+            raise ValueError(f"{self.label}: eager serving is fp32 only; compile {self.precision} (compiled=True).")
+        args = [
+            *source, "--device", self.device, "--max-batch-size", str(self.max_batch_size),
+            "--workers-per-device", str(self.workers_per_device), "--log-level", "warning",
+            "--request-timeout-s", str(BENCH_REQUEST_TIMEOUT_S), "--max-queue", str(BENCH_MAX_QUEUE),
+        ]  # fmt: skip
+        if self.batch_timeout_ms is not None:
+            args += ["--batch-timeout-ms", str(self.batch_timeout_ms)]
+        if self.preprocess is not None:
+            args += ["--preprocess", self.preprocess]
+        return [*args, *self.extra_args]
+
+
+@contextlib.contextmanager
+def vision_serve(config: ServerConfig, inputs: Inputs) -> Iterator[str]:
+    """A running vision-serve for ``config``; yields its predict URL."""
+    log_path = inputs.work / f"server-{config.label.replace(' ', '_').replace('/', '_')}.log"
+    with ServerProcess(config.args(inputs), log_path=log_path) as server:
+        yield f"{server.url}/predict"
+
+
+def load_runs(url: str, images: Sequence[bytes], specs: Sequence[LoadSpec], label: str) -> list[LoadResult]:
+    results = []
+    for spec in specs:
+        result = run_load(url, images, spec)
+        logger.info("%s\n%s", label, format_summary(result.summary()))
+        results.append(result)
+    return results
+
+
+def closed(requests: int, concurrency: int, warmup: int | None = None) -> LoadSpec:
+    """A closed-loop run with a warm-up of one round of ``concurrency`` requests (connections, batches)."""
+    return LoadSpec(requests, concurrency=concurrency, warmup_requests=concurrency if warmup is None else warmup)
+
+
+def run_record(result: LoadResult) -> dict:
+    """A run's summary plus its raw latencies (for CDF plots), without the per-sample detail."""
+    return {**result.summary(), "latencies_ms": [round(s.latency_ms, 2) for s in result.ok]}
+
+
+def write_experiment(directory: Path, name: str, record: dict, markdown: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (directory / f"{name}.md").write_text(markdown.rstrip() + "\n")
+    logger.info("wrote %s.json and .md in %s", name, directory)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,271 @@
+"""The benchmark suite's own machinery: the load generator against a real Lite0 server on loopback,
+the server-side timing breakdown, the per-process script, the ceiling, plots and the target verdicts.
+
+The benchmarks themselves (minutes of ResNet-152) run by hand: ``python -m benchmarks.experiments all``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks import plots
+from benchmarks.ceiling import measure_ceiling
+from benchmarks.experiments import Target, agreement_inputs, targets, targets_markdown
+from benchmarks.images import read_images, write_benchmark_images
+from benchmarks.loadgen import (
+    CONSTANT,
+    POISSON,
+    LoadSpec,
+    arrival_times,
+    check_loopback,
+    parse_server_timing,
+    percentile,
+    run_load,
+)
+from benchmarks.suite import markdown_table
+from service.engine import load_eager
+from service.process import ServerProcess, free_port
+
+LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
+CAT_LABELS = {"tabby", "tiger cat", "Egyptian cat"}
+
+
+@pytest.fixture(scope="module")
+def images_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bench-images")
+    write_benchmark_images(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ServerProcess(LITE, log_path=tmp_path_factory.mktemp("server") / "server.log") as running:
+        yield running
+
+
+def test_parse_server_timing_reads_durations_and_skips_the_rest() -> None:
+    header = 'queue;dur=1.5, preprocess;desc="PIL";dur=2, cache;desc=hit, inference;dur=abc, total;dur="4.25"'
+    assert parse_server_timing(header) == {"queue": 1.5, "preprocess": 2.0, "total": 4.25}
+    assert parse_server_timing(None) == {}
+    assert parse_server_timing("") == {}
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 0.99)) == (50, 95, 99)
+    assert percentile([7.0], 0.99) == 7.0
+    assert percentile([], 0.5) != percentile([], 0.5)  # NaN
+
+
+def test_arrivals_constant_and_poisson() -> None:
+    assert arrival_times(4, 2.0, CONSTANT, random.Random(0)) == [0.0, 0.5, 1.0, 1.5]
+    times = arrival_times(4000, 50.0, POISSON, random.Random(1))
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert times[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(1 / 50, rel=0.05)
+    # Exponential gaps: the standard deviation equals the mean (constant spacing would give 0).
+    assert statistics.pstdev(gaps) == pytest.approx(1 / 50, rel=0.1)
+    assert times == arrival_times(4000, 50.0, POISSON, random.Random(1))  # seeded: reproducible
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/predict", "http://localhost:1/x", "http://[::1]:80/p"])
+def test_loopback_urls_are_accepted(url: str) -> None:
+    check_loopback(url)
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8000/predict", "https://example.com/predict", "http://0.0.0.0:1/"])
+def test_other_urls_are_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        check_loopback(url)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"requests": 0}, "requests"),
+        ({"requests": 1, "concurrency": 0}, "concurrency"),
+        ({"requests": 1, "mode": "open"}, "rate"),
+        ({"requests": 1, "mode": "open", "rate": float("inf")}, "rate"),
+        ({"requests": 1, "arrivals": "bursty"}, "arrivals"),
+        ({"requests": 1, "max_seconds": 0}, "max_seconds"),
+    ],
+)
+def test_load_spec_says_what_is_wrong(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LoadSpec(**kwargs)
+
+
+def test_read_images_explains_an_empty_folder(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"benchmarks\.images"):
+        read_images(tmp_path)
+
+
+@pytest.mark.slow
+def test_closed_loop_reports_latency_batches_and_the_server_breakdown(server, images_dir) -> None:
+    images = read_images(images_dir)
+    result = run_load(f"{server.url}/predict", images, LoadSpec(24, concurrency=4, warmup_requests=4))
+    summary = result.summary()
+    assert summary["requests"] == 24 and summary["ok"] == 24 and summary["statuses"] == {"200": 24}
+    assert summary["throughput_rps"] > 0
+    latency = summary["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+    assert sum(summary["batch_sizes"].values()) == 24 and max(map(int, summary["batch_sizes"])) <= 4
+    for sample in result.samples:
+        parts = sample.timings_ms
+        assert set(parts) == {"queue", "preprocess", "inference", "postprocess", "total"}
+        # The server's total covers its parts (one clock per process: allow a millisecond of skew)...
+        assert parts["total"] + 1.0 >= parts["queue"] + parts["preprocess"] + parts["inference"]
+        # ...and the client waited at least as long as the server worked.
+        assert sample.latency_ms + 1.0 >= parts["total"]
+    assert set(summary["server_ms_median"]) == {"queue", "preprocess", "inference", "postprocess", "total", "other"}
+
+
+@pytest.mark.slow
+def test_open_loop_keeps_its_schedule_and_counts_errors_by_status(server, images_dir) -> None:
+    images = [*read_images(images_dir)[:2], b"not an image at all"]
+    result = run_load(f"{server.url}/predict", images, LoadSpec(12, mode="open", rate=8.0, arrivals=CONSTANT))
+    summary = result.summary()
+    assert summary["statuses"] == {"200": 8, "415": 4}
+    assert summary["errors"] == 4 and summary["ok"] == 8
+    assert [round(s.sent_s, 3) for s in sorted(result.samples, key=lambda s: s.sent_s)][:3] == [0.0, 0.125, 0.25]
+    assert result.elapsed_s >= 11 / 8.0  # the last arrival is scheduled at 1.375 s
+
+
+def test_a_dead_server_counts_as_lost_not_as_a_crash(images_dir) -> None:
+    url = f"http://127.0.0.1:{free_port()}/predict"
+    result = run_load(url, read_images(images_dir)[:1], LoadSpec(3, concurrency=1))
+    assert result.summary()["statuses"] == {"lost": 3}
+    assert all(s.error and "ConnectError" in s.error for s in result.samples)
+
+
+@pytest.mark.slow
+def test_loadgen_cli_writes_its_json(server, images_dir, tmp_path) -> None:
+    output = tmp_path / "run.json"
+    command = [sys.executable, "-m", "benchmarks.loadgen", "--url", f"{server.url}/predict", "--images",
+               str(images_dir), "--requests", "6", "--concurrency", "2", "--output", str(output)]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "closed loop, concurrency 2: 6/6 ok" in completed.stdout
+    record = json.loads(output.read_text())
+    assert record["summary"]["ok"] == 6 and len(record["samples"]) == 6
+
+
+@pytest.mark.slow
+def test_per_process_script_classifies_a_real_photo(images_dir) -> None:
+    command = [sys.executable, "-m", "benchmarks.per_process_classify", str(images_dir / "chelsea-landscape.jpg"),
+               "--model", "efficientnet-lite0", "--weights", "imagenet"]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    top5 = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert len(top5) == 5 and top5[0]["label"] in CAT_LABELS
+
+
+@pytest.mark.slow
+def test_ceiling_times_the_served_model(images_dir) -> None:
+    cpu = torch.device("cpu")
+    served = load_eager("efficientnet-lite0", "imagenet", cpu)
+    record = measure_ceiling(served, read_images(images_dir)[:3], [1, 2], cpu, repeats=1)
+    assert record["engine"] == "torch-eager-fp32"
+    for batch in ("1", "2"):
+        numbers = record["batches"][batch]
+        assert numbers["model_ms"] > 0 and numbers["preprocess_ms"] > 0
+        assert numbers["model_img_per_s"] == pytest.approx(int(batch) * 1e3 / numbers["model_ms"])
+
+
+def test_agreement_inputs_are_distinct_variants(images_dir) -> None:
+    photos = read_images(images_dir)[:2]
+    variants = agreement_inputs(photos, 5)
+    assert len(variants) == 10 and variants[0] == photos[0] and variants[5] == photos[1]
+    assert len(set(variants)) == 10
+
+
+def test_plots_write_png_files(tmp_path) -> None:
+    written = [
+        plots.throughput_vs_concurrency(
+            {"a": [(1, 2.0), (8, 5.0)], "b": [(1, 1.0), (8, 3.0)]}, "t", tmp_path / "t.png"
+        ),
+        plots.latency_cdf({"a": [1.0, 2.0, 3.0], "empty": []}, "t", tmp_path / "c.png"),
+        plots.batch_histogram({"a": {"1": 3, "8": 5}, "b": {"4": 2}}, "t", tmp_path / "b.png"),
+    ]
+    for path in written:
+        assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 5000
+
+
+def _run(rps: float, p50: float = 100.0) -> dict:
+    return {"throughput_rps": rps, "latency_ms": {"p50": p50}}
+
+
+def _efficiency(served: float, ceiling: float, c1_p50: float, model_b1: float) -> dict:
+    return {
+        "ratio": served / ceiling,
+        "served_img_per_s": served,
+        "ceiling_img_per_s": ceiling,
+        "c1_ratio": c1_p50 / model_b1,
+        "served_c1_p50_ms": c1_p50,
+        "model_b1_ms": model_b1,
+    }
+
+
+def _records(
+    served_fp32: float, served_bf16: float, ts_best: float, bf16_agreement: float, c1_ms: float, lite_agreement=1.0
+):
+    ceiling = {
+        "efficiency": {
+            "vision-serve eager fp32": _efficiency(served_fp32 * 0.9, 10.0, 105.0, 100.0),
+            "vision-serve inductor fp32": _efficiency(served_fp32, 11.0, 95.0, 90.0),
+            "vision-serve inductor bf16": _efficiency(served_bf16, 20.0, c1_ms, 50.0),
+        }
+    }
+    runs = {
+        "TorchServe batch 8": {1: _run(5.0), 32: _run(ts_best)},
+        "TorchServe no batching": {1: _run(5.0), 32: _run(ts_best / 2)},
+        "vision-serve eager fp32": {1: _run(0, 105.0), 32: _run(served_fp32 * 0.9)},
+        "vision-serve inductor fp32": {1: _run(0, 95.0), 32: _run(served_fp32)},
+        "vision-serve inductor bf16": {1: _run(0, c1_ms), 32: _run(served_bf16)},
+    }
+    per_process = {"per_process": {"throughput_rps": 0.5}, "parallel": 2, "server": {"2": _run(6.0)}}
+    agreement = {
+        "resnet152": {"engines": {"inductor-bf16": {"top1_agreement": bf16_agreement}}},
+        "efficientnet-lite0": {"engines": {"eager-bf16": {"top1_agreement": lite_agreement}}},
+    }
+    return ceiling, {"runs": runs}, per_process, {"agreement": agreement}
+
+
+def test_targets_compute_each_ratio_and_verdict() -> None:
+    found = {t.name: t for t in targets(*_records(10.6, 19.5, 7.0, 1.0, 56.0))}
+    assert found["efficiency, vision-serve inductor fp32"].measured == pytest.approx(10.6 / 11.0)
+    assert found["efficiency, vision-serve inductor fp32"].met
+    assert found["vs TorchServe at fp32"].measured == pytest.approx(10.6 / 7.0) and found["vs TorchServe at fp32"].met
+    fastest = found["vs TorchServe, fastest precision with top-1 agreement >= 99%"]
+    assert fastest.measured == pytest.approx(19.5 / 7.0) and fastest.met and "bf16" in fastest.detail
+    assert found["vs one process per image (same parallelism)"].measured == pytest.approx(12.0)
+    latency = found["concurrency-1 latency, vision-serve inductor bf16"]
+    assert latency.measured == pytest.approx(56.0 / 50.0) and latency.met
+    assert "NOT met" not in targets_markdown(list(found.values()))
+
+
+def test_targets_say_not_met_and_skip_a_precision_that_disagrees() -> None:
+    found = {t.name: t for t in targets(*_records(9.0, 30.0, 7.0, 0.95, 60.0))}
+    assert not found["efficiency, vision-serve inductor fp32"].met  # 9 / 11 < 0.95
+    fastest = found["vs TorchServe, fastest precision with top-1 agreement >= 99%"]
+    assert "bf16" not in fastest.detail  # 95 % agreement: bf16 does not qualify, however fast
+    assert not found["concurrency-1 latency, vision-serve inductor bf16"].met  # 60 / 50 > 1.15
+    assert "NOT met" in targets_markdown(list(found.values()))
+    assert Target("x", 1.15, 1.2, "", lower_is_better=True).met is False
+
+
+def test_a_precision_qualifies_only_if_the_real_weights_model_agrees_too() -> None:
+    found = {t.name: t for t in targets(*_records(10.6, 19.5, 7.0, 1.0, 56.0, lite_agreement=0.98))}
+    assert "bf16" not in found["vs TorchServe, fastest precision with top-1 agreement >= 99%"].detail
+
+
+def test_markdown_table() -> None:
+    assert markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
