@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two concurrencies, one Poisson rate")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     if not torch.cuda.is_available():
         parser.error("no CUDA device: this suite is for GPU machines (the CPU one is benchmarks.experiments).")
     device = torch.device(args.device)
