@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 GPU_MAX_BATCH = 64
 CONCURRENCIES = (1, 16, 64, 256)
 QUICK_CONCURRENCIES = (1, 64)
-SECONDS_PER_RUN = 20.0  # each sweep point: as many requests as fit, bounded by time
+SECONDS_PER_RUN = 15.0  # each sweep point and Poisson run: as many requests as fit, bounded by time
 POISSON_FRACTIONS = (0.5, 0.9)
 SERVER_PARTS = ("queue", "preprocess", "inference")
 

@@ -132,8 +132,8 @@ def test_batching_off_uses_the_single_request_path(chelsea_jpeg, truncated_jpeg)
     assert len(responses[2].json()["predictions"]) == 2
 
 
-def test_dynamic_batches_form_under_load_with_the_default_window(chelsea_jpeg) -> None:
-    """With the default 5 ms window, requests that queue while the model is busy share a batch."""
+def test_dynamic_batches_form_under_load_with_the_default_greedy_batching(chelsea_jpeg) -> None:
+    """With no window (the default), requests that queue while the model is busy still share a batch."""
     settings = ServeSettings(model="efficientnet-lite0", max_batch_size=8)
     with start(settings) as server:
         responses = call(server, [raw(chelsea_jpeg)] * 16)
