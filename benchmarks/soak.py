@@ -38,6 +38,7 @@ import psutil
 from PIL import Image
 
 from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.loadgen import percentile
 from service.process import ServerProcess
 from tests.bad_inputs import bad_inputs
 
@@ -210,13 +211,6 @@ def _examples(outcomes: Sequence[Outcome], limit: int = 5) -> str:
     seen = Counter(f"{o.kind}: {o.problem}" for o in outcomes)
     shown = [f"{text} (x{n})" for text, n in seen.most_common(limit)]
     return "; ".join(shown) + (f"; and {len(seen) - limit} more kinds" if len(seen) > limit else "")
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile: always a latency that was actually observed."""
-    if not sorted_values:
-        return math.nan
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def latency_summary(outcomes: Sequence[Outcome]) -> dict[str, float]:
