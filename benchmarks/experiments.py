@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 TARGET_CONCURRENCY = 32
 AGREEMENT_VARIANTS = 20  # crops/flips per photo for the precision agreement set (12 photos -> 240 inputs)
 MIN_AGREEMENT = 0.99
+REAL_WEIGHTS_MODEL = "efficientnet-lite0"  # ships its ImageNet weights: the precision check that means something
 VISION_SERVE_CONFIGS = (
     ServerConfig("vision-serve eager fp32"),
     ServerConfig("vision-serve inductor fp32", compiled=True),
@@ -388,7 +389,9 @@ def precision(opts: Options, ceiling_record: dict) -> dict:
     set_worker_threads(device)
     inputs_bytes = agreement_inputs(opts.inputs.images, AGREEMENT_VARIANTS)
     agreement: dict[str, dict] = {}
-    models = {opts.inputs.model: str(opts.inputs.weights_file), "efficientnet-lite0": "imagenet"}
+    models = {opts.inputs.model: str(opts.inputs.weights_file)}
+    if opts.inputs.model != REAL_WEIGHTS_MODEL:  # the served model is already the real-weights one
+        models[REAL_WEIGHTS_MODEL] = "imagenet"
     for model_name, weights in models.items():
         entry = get_model_entry(model_name)
         images = PilPreprocessor(entry.preprocess, "cpu")(inputs_bytes).images
@@ -464,8 +467,8 @@ def torchserve(opts: Options) -> dict:
 
     concurrencies = [1, TARGET_CONCURRENCY]
     work = opts.inputs.work / "torchserve"
-    model_store = work / "model_store"
-    if not (model_store / f"{opts.inputs.model}.mar").exists():  # 40 s of tracing and zipping: once per work dir
+    model_store = work / f"model_store-{opts.inputs.weights_file.stem}"  # one archive per weights file
+    if not (model_store / f"{opts.inputs.model}.mar").exists():  # 40 s of tracing and zipping: once
         torchscript = export_torchscript(opts.inputs.model, str(opts.inputs.weights_file), work / "model.pt")
         build_mar(torchscript, model_store, opts.inputs.model)
     specs = [closed(max(4 * c, opts.requests * c // TARGET_CONCURRENCY), c) for c in concurrencies]

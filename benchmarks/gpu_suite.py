@@ -55,7 +55,17 @@ POISSON_FRACTIONS = (0.5, 0.9)
 SERVER_PARTS = ("queue", "preprocess", "inference")
 
 
-def _step(record: dict, name: str, fn: Callable[[], object]) -> object:
+def _step(record: dict, name: str, fn: Callable[[], object], out: Path | None = None) -> object:
+    """Run one step, record its time and status, and save the record so far (a GPU session is rare:
+    a later crash or a time limit must not lose what was measured)."""
+    try:
+        return _run_step(record, name, fn)
+    finally:
+        if out is not None:
+            (out / "gpu_suite.partial.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
+def _run_step(record: dict, name: str, fn: Callable[[], object]) -> object:
     started = time.perf_counter()
     try:
         result = fn()
@@ -151,7 +161,7 @@ def main() -> None:
         }
         return artifact
 
-    artifact = _step(record, "compile", compile_step)
+    artifact = _step(record, "compile", compile_step, out)
     if artifact is not None:
         inputs.artifacts[args.precision] = artifact
 
@@ -166,7 +176,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         return found
 
-    record["ceiling"] = _step(record, "ceiling", ceiling_step)
+    record["ceiling"] = _step(record, "ceiling", ceiling_step, out)
     preprocess_dir = out / "preprocess"
     command = [
         sys.executable,
@@ -174,10 +184,12 @@ def main() -> None:
         "benchmarks.preprocess_throughput",
         "--device",
         args.device,
+        "--repeats",
+        "3",
         "--output",
         str(preprocess_dir),
     ]
-    _step(record, "preprocess", lambda: subprocess.run(command, check=True, timeout=180))
+    _step(record, "preprocess", lambda: subprocess.run(command, check=True, timeout=180), out)
 
     configs = {
         "baseline: eager fp32 + Pillow": ServerConfig(
@@ -211,7 +223,7 @@ def main() -> None:
                     name = f"{fraction:.0%} of peak ({rate:g} req/s)"
                     record["poisson"].setdefault(label, {})[name] = run_record(result)
 
-        _step(record, f"serve {config.label}", serve_step)
+        _step(record, f"serve {config.label}", serve_step, out)
 
     md = report(record, out, args.model, max(concurrencies))
     write_experiment(out, "gpu_suite", record, md)

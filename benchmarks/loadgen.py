@@ -27,6 +27,7 @@ import ipaddress
 import json
 import logging
 import math
+import multiprocessing
 import random
 import statistics
 import time
@@ -63,6 +64,7 @@ class LoadSpec:
     max_seconds: float = DEFAULT_MAX_SECONDS
     seed: int = 0
     warmup_requests: int = 0  # sent first (closed loop at ``concurrency``, or 1), not counted
+    first_arrival_s: float = 0.0  # open loop: when the first arrival is due (splits a constant stream)
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -182,7 +184,8 @@ async def _closed_loop(sender: _Sender, spec: LoadSpec, first: int, deadline: fl
 
 
 async def _open_loop(sender: _Sender, spec: LoadSpec, first: int, deadline: float) -> list[Sample]:
-    offsets = arrival_times(spec.requests, spec.rate, spec.arrivals, random.Random(spec.seed))
+    times = arrival_times(spec.requests, spec.rate, spec.arrivals, random.Random(spec.seed))
+    offsets = [spec.first_arrival_s + t for t in times]
     start = time.perf_counter()
     tasks = []
     for i, offset in enumerate(offsets):
@@ -222,22 +225,31 @@ def run_load(url: str, images: Sequence[bytes], spec: LoadSpec, processes: int =
     if processes <= 1:
         samples, elapsed = asyncio.run(run_load_async(url, images, spec))
         return LoadResult(spec, samples, elapsed)
+    processes = min(processes, spec.requests)  # a client process with nothing to send is no client
     if spec.mode == CLOSED and spec.concurrency < processes:
         raise ValueError(f"concurrency {spec.concurrency} cannot be split over {processes} client processes.")
+
+    def share(total: int, i: int) -> int:
+        return total // processes + (i < total % processes)
+
     shares = [
         LoadSpec(
-            requests=spec.requests // processes + (i < spec.requests % processes),
+            requests=share(spec.requests, i),
             mode=spec.mode,
-            concurrency=spec.concurrency // processes + (i < spec.concurrency % processes),
+            concurrency=share(spec.concurrency, i),
             rate=spec.rate / processes,
             arrivals=spec.arrivals,
             max_seconds=spec.max_seconds,
             seed=spec.seed * 1000 + i,
-            warmup_requests=spec.warmup_requests // processes,
+            warmup_requests=share(spec.warmup_requests, i),
+            # Constant spacing: process i takes arrivals i, i+P, i+2P... of the whole stream.
+            first_arrival_s=i / spec.rate if spec.mode == OPEN and spec.arrivals == CONSTANT else 0.0,
         )
         for i in range(processes)
     ]
-    with concurrent.futures.ProcessPoolExecutor(processes) as pool:
+    # spawn, not fork: the caller may hold CUDA or DALI threads, and a forked child inherits their locks.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
         parts = list(pool.map(_run_share, [url] * processes, [list(images)] * processes, shares))
     samples = [s for part, _ in parts for s in part]
     return LoadResult(spec, samples, max(elapsed for _, elapsed in parts))

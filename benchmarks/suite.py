@@ -138,9 +138,14 @@ def load_runs(url: str, images: Sequence[bytes], specs: Sequence[LoadSpec], labe
     return results
 
 
+MIN_WARMUP_REQUESTS = 16  # TorchScript (the TorchServe peer) specializes on the first calls of each shape
+
+
 def closed(requests: int, concurrency: int, warmup: int | None = None) -> LoadSpec:
-    """A closed-loop run with a warm-up of one round of ``concurrency`` requests (connections, batches)."""
-    return LoadSpec(requests, concurrency=concurrency, warmup_requests=concurrency if warmup is None else warmup)
+    """A closed-loop run after a warm-up (connections, first batches) of two rounds of ``concurrency``
+    requests, at least ``MIN_WARMUP_REQUESTS``."""
+    warmup = max(2 * concurrency, MIN_WARMUP_REQUESTS) if warmup is None else warmup
+    return LoadSpec(requests, concurrency=concurrency, warmup_requests=warmup)
 
 
 def run_record(result: LoadResult) -> dict:

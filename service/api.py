@@ -26,8 +26,8 @@ from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from service.batching import GreedyBatchedLoop
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager
 from service.heap import HeapTrimmer
-from service.predict_endpoint import server_timing
 from service.request_parsing import ImageRequest
+from service.server_timing import server_timing
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)

@@ -69,13 +69,13 @@ class HeapTrimmer:
     def busy(self) -> _Busy:
         return _Busy(self)
 
-    def due(self, now: float) -> bool:
-        """Whether to trim now: after a pause in the work, or when unbroken work has gone too long without."""
-        with self._lock:
-            if not self._dirty:
-                return False
-            idle = self._active == 0 and now - self._last_activity >= IDLE_BEFORE_TRIM_S
-            return idle or now - self._last_trim >= MAX_TRIM_GAP_S
+    def _due(self, now: float) -> bool:
+        """Whether to trim now (lock held): after a pause in the work, or when unbroken work has gone too
+        long without one."""
+        if not self._dirty:
+            return False
+        idle = self._active == 0 and now - self._last_activity >= IDLE_BEFORE_TRIM_S
+        return idle or now - self._last_trim >= MAX_TRIM_GAP_S
 
     def _enter(self) -> None:
         with self._lock:
@@ -88,9 +88,9 @@ class HeapTrimmer:
             self._last_activity = time.monotonic()
 
     def trim_if_due(self, now: float) -> bool:
-        if not self.due(now):
-            return False
-        with self._lock:
+        with self._lock:  # check and claim in one step: a batch starting in between marks it dirty again
+            if not self._due(now):
+                return False
             self._dirty = False
             self._last_trim = now
         self._trim(0)

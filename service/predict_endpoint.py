@@ -20,6 +20,7 @@ from litserve.utils import LitAPIStatus, ResponseBufferItem
 from service._defaults import RETRY_AFTER_S
 from service.admission import AdmissionGate
 from service.request_parsing import ImageRequest, RequestLimits, check_image_header, read_image_request
+from service.server_timing import add_server_timing
 
 if TYPE_CHECKING:
     from service.server import VisionLitServer
@@ -126,14 +127,3 @@ class PredictEndpoint:
             RegularRequestHandler._handle_error_response(response)  # raises the HTTPException or a 500
         add_server_timing(response, "total", (time.monotonic() - queued_at) * 1e3)
         return response
-
-
-def server_timing(timings_ms: dict[str, float]) -> str:
-    """The ``Server-Timing`` header value (W3C), e.g. ``queue;dur=1.20, inference;dur=30.50``."""
-    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timings_ms.items())
-
-
-def add_server_timing(response: Response, name: str, ms: float) -> None:
-    existing = response.headers.get("Server-Timing")
-    entry = server_timing({name: ms})
-    response.headers["Server-Timing"] = f"{existing}, {entry}" if existing else entry

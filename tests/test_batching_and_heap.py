@@ -133,15 +133,31 @@ def test_unbroken_work_still_gets_a_trim_per_max_gap() -> None:
     assert trim.calls == 1
 
 
-def test_the_thread_trims_a_worker_that_went_idle() -> None:
+def _wait_for(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_the_thread_trims_after_warm_up_and_after_each_burst_of_work() -> None:
     trim = CountingTrim()
     trimmer = HeapTrimmer(trim).start()
     try:
+        assert _wait_for(lambda: trim.calls == 1)  # what setup and warm-up freed
+        time.sleep(3 * IDLE_BEFORE_TRIM_S)
+        assert trim.calls == 1  # idle and nothing new: no trim
         with trimmer.busy():
             pass
-        deadline = time.monotonic() + 5
-        while trim.calls == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert trim.calls == 1
+        assert _wait_for(lambda: trim.calls == 2)  # work happened, then a pause
     finally:
         trimmer.stop()
+
+
+def test_a_batch_that_starts_while_a_trim_is_claimed_keeps_its_dirt() -> None:
+    trimmer = HeapTrimmer(CountingTrim())
+    start = time.monotonic()
+    assert trimmer.trim_if_due(start + IDLE_BEFORE_TRIM_S + 0.01)
+    with trimmer.busy():  # a batch right after the trim: its garbage must get the next trim
+        pass
+    assert trimmer.trim_if_due(time.monotonic() + IDLE_BEFORE_TRIM_S + 0.01)

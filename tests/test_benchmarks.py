@@ -139,6 +139,19 @@ def test_open_loop_keeps_its_schedule_and_counts_errors_by_status(server, images
     assert result.elapsed_s >= 11 / 8.0  # the last arrival is scheduled at 1.375 s
 
 
+@pytest.mark.slow
+def test_client_processes_split_the_load_without_losing_requests(server, images_dir) -> None:
+    images = read_images(images_dir)[:2]
+    # Fewer requests than processes: the extra process is dropped instead of failing on 0 requests.
+    result = run_load(f"{server.url}/predict", images, LoadSpec(3, concurrency=4), processes=4)
+    assert result.summary()["statuses"] == {"200": 3}
+    # A constant stream split over 2 processes stays evenly spaced: process 1 starts half a gap later.
+    spec = LoadSpec(6, mode="open", rate=6.0, arrivals=CONSTANT)
+    sent = sorted(s.sent_s for s in run_load(f"{server.url}/predict", images, spec, processes=2).samples)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert len(sent) == 6 and all(0.08 < gap < 0.25 for gap in gaps), gaps
+
+
 def test_a_dead_server_counts_as_lost_not_as_a_crash(images_dir) -> None:
     url = f"http://127.0.0.1:{free_port()}/predict"
     result = run_load(url, read_images(images_dir)[:1], LoadSpec(3, concurrency=1))
