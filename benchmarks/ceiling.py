@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ import torch
 
 from benchmarks.images import read_images, write_benchmark_images
 from preprocessing import create_preprocessor
-from service.engine import ServedModel, load_artifact, load_eager
+from service.engine import ServedModel, load_artifact, load_eager, set_worker_threads
 
 WARMUP_CALLS = 2
 
@@ -81,12 +80,6 @@ def measure_ceiling(
     return {"engine": served.engine_name, "threads": torch.get_num_threads(), "batches": results}
 
 
-def set_worker_threads(device: torch.device, workers_per_device: int = 1) -> None:
-    """The thread count a server worker uses (``ClassifierAPI.setup``), so the ceiling is comparable."""
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_device))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet152")
@@ -100,7 +93,7 @@ def main() -> None:
     if not args.images.is_dir():
         write_benchmark_images(args.images)
     device = torch.device(args.device)
-    set_worker_threads(device)
+    set_worker_threads(device, workers_per_device=1)
     served = load_served(args.model, args.weights, args.artifact, device)
     batches = [int(b) for b in args.batches.split(",")]
     print(json.dumps(measure_ceiling(served, read_images(args.images), batches, device, args.repeats), indent=1))

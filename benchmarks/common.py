@@ -42,7 +42,8 @@ def machine_record(device: torch.device | None = None) -> dict:
     return record
 
 
-def write_results(directory: Path, stem: str, record: dict, text: str) -> None:
+def write_results(directory: Path, stem: str, record: dict, text: str, text_suffix: str = ".txt") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
-    (directory / f"{stem}.txt").write_text(text + "\n")
-    print(f"wrote {directory / stem}.json and .txt")
+    (directory / f"{stem}{text_suffix}").write_text(text.rstrip() + "\n")
+    print(f"wrote {directory / stem}.json and {text_suffix}")

@@ -34,8 +34,8 @@ import torch
 from PIL import Image, ImageOps
 
 from benchmarks import plots
-from benchmarks.ceiling import load_served, measure_ceiling, set_worker_threads
-from benchmarks.common import machine_record, results_dir
+from benchmarks.ceiling import load_served, measure_ceiling
+from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.loadgen import LoadSpec
 from benchmarks.suite import (
     CPU_MAX_BATCH,
@@ -48,12 +48,12 @@ from benchmarks.suite import (
     prepare_inputs,
     run_record,
     vision_serve,
-    write_experiment,
 )
 from compile.catalog import get_model_entry
 from compile.gate import compare_logits
 from compile.weights import load_model
 from preprocessing.pil_backend import PilPreprocessor
+from service.engine import set_worker_threads
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +80,14 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _sweep_specs(opts: Options, concurrencies: Sequence[int]) -> list[LoadSpec]:
+    """Closed-loop runs at each concurrency: ``opts.requests`` at the target one, proportionally fewer below."""
+    return [closed(max(4 * c, opts.requests * c // TARGET_CONCURRENCY), c) for c in concurrencies]
+
+
 def _serve_sweep(opts: Options, config: ServerConfig, concurrencies: Sequence[int]) -> dict[int, dict]:
-    """One server, closed-loop runs at each concurrency (fewer requests at low concurrency)."""
-    specs = [closed(max(4 * c, opts.requests * c // TARGET_CONCURRENCY), c) for c in concurrencies]
+    """One server, closed-loop runs at each concurrency."""
+    specs = _sweep_specs(opts, concurrencies)
     with vision_serve(config, opts.inputs) as url:
         results = load_runs(url, opts.inputs.images, specs, config.label)
     return {c: run_record(r) for c, r in zip(concurrencies, results, strict=True)}
@@ -151,7 +156,7 @@ def ceiling(opts: Options, rounds: int = 3) -> dict:
     model-only batch-1 time. Medians over the rounds.
     """
     device = torch.device("cpu")
-    set_worker_threads(device)
+    set_worker_threads(device, workers_per_device=1)  # as the served configurations here run
     engines, efficiency = {}, {}
     for config in VISION_SERVE_CONFIGS:
         if config.compiled and config.precision not in opts.inputs.artifacts:
@@ -182,7 +187,7 @@ def ceiling(opts: Options, rounds: int = 3) -> dict:
     md += "model + softmax + top-5 to the host on preprocessed photos (what the worker's predict runs), "
     md += f"{torch.get_num_threads()} threads, medians of 5 calls per round.\n"
     record = {"engines": engines, "efficiency": efficiency, "rounds": rounds}
-    write_experiment(opts.out, "ceiling", record, md)
+    write_results(opts.out, "ceiling", record, md, text_suffix=".md")
     return record
 
 
@@ -243,7 +248,7 @@ def batching(opts: Options) -> dict:
     off = runs["batching off (max batch 1)"][TARGET_CONCURRENCY]["throughput_rps"]
     record = {"closed_loop": runs, "poisson_rate_rps": rate, "poisson_by_delay": poisson, "speedup": on_rps / off}
     md = batching_markdown(record, written)
-    write_experiment(opts.out, "batching", record, md)
+    write_results(opts.out, "batching", record, md, text_suffix=".md")
     return record
 
 
@@ -273,7 +278,7 @@ def workers(opts: Options) -> dict:
     md += f"\n\n2 workers / 1 worker at concurrency {TARGET_CONCURRENCY}: **{two / one:.2f}x** "
     md += "(each worker gets cores / workers torch threads).\n\n" + "\n".join(f"![{p}]({p})" for p in written) + "\n"
     record = {"runs": runs, "ratio_2_over_1": two / one}
-    write_experiment(opts.out, "workers", record, md)
+    write_results(opts.out, "workers", record, md, text_suffix=".md")
     return record
 
 
@@ -349,7 +354,7 @@ def per_process(opts: Options, parallel: int = 2) -> dict:
         "ratio_same_parallelism": ratio_same,
         "ratio_server_best": ratio_best,
     }
-    write_experiment(opts.out, "per_process", record, md)
+    write_results(opts.out, "per_process", record, md, text_suffix=".md")
     return record
 
 
@@ -386,7 +391,7 @@ def precision(opts: Options, ceiling_record: dict) -> dict:
     the served weights and on EfficientNet-Lite0 with real ImageNet weights (random weights make
     agreement easy: their top-1 hardly depends on the input, so the real model is the honest check)."""
     device = torch.device("cpu")
-    set_worker_threads(device)
+    set_worker_threads(device, workers_per_device=1)  # as the served configurations here run
     inputs_bytes = agreement_inputs(opts.inputs.images, AGREEMENT_VARIANTS)
     agreement: dict[str, dict] = {}
     models = {opts.inputs.model: str(opts.inputs.weights_file)}
@@ -431,7 +436,7 @@ def precision(opts: Options, ceiling_record: dict) -> dict:
     for model_name, result in agreement.items():
         md += f"\n\n{model_name} ({result['weights']}): {result['distinct_fp32_top1']} distinct fp32 top-1 classes"
     record = {"agreement": agreement, "model_img_per_s_batch8": speed}
-    write_experiment(opts.out, "precision", record, md + "\n")
+    write_results(opts.out, "precision", record, md, text_suffix=".md")
     return record
 
 
@@ -471,7 +476,7 @@ def torchserve(opts: Options) -> dict:
     if not (model_store / f"{opts.inputs.model}.mar").exists():  # 40 s of tracing and zipping: once
         torchscript = export_torchscript(opts.inputs.model, str(opts.inputs.weights_file), work / "model.pt")
         build_mar(torchscript, model_store, opts.inputs.model)
-    specs = [closed(max(4 * c, opts.requests * c // TARGET_CONCURRENCY), c) for c in concurrencies]
+    specs = _sweep_specs(opts, concurrencies)
     runs: dict[str, dict[int, dict]] = {}
     for index, (label, config) in enumerate(torchserve_configs(opts.inputs.model).items()):
         with TorchServeProcess(config, model_store, work / f"run-{index}") as server:
@@ -485,7 +490,7 @@ def torchserve(opts: Options) -> dict:
     configs = {label: dataclasses.asdict(config) for label, config in torchserve_configs(opts.inputs.model).items()}
     record = {"runs": runs, "torchserve_configs": configs}
     md = torchserve_markdown(record, written)
-    write_experiment(opts.out, "torchserve", record, md)
+    write_results(opts.out, "torchserve", record, md, text_suffix=".md")
     return record
 
 
@@ -666,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def write_targets(out: Path, ceiling_record: dict, torchserve_record: dict, per_process: dict, precision: dict) -> None:
     found = targets(ceiling_record, torchserve_record, per_process, precision)
     md = targets_markdown(found)
-    write_experiment(out, "targets", {"targets": [{**t.__dict__, "met": t.met} for t in found]}, md)
+    write_results(out, "targets", {"targets": [{**t.__dict__, "met": t.met} for t in found]}, md, text_suffix=".md")
     print(md)
 
 

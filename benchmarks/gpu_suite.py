@@ -31,7 +31,7 @@ import torch
 
 from benchmarks import plots
 from benchmarks.ceiling import load_served, measure_ceiling
-from benchmarks.common import machine_record, results_dir
+from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.loadgen import LoadSpec, run_load
 from benchmarks.suite import (
     DEFAULT_WORK_DIR,
@@ -41,7 +41,6 @@ from benchmarks.suite import (
     prepare_inputs,
     run_record,
     vision_serve,
-    write_experiment,
 )
 from compile.manifest import read_manifest
 
@@ -226,7 +225,7 @@ def main() -> None:
         _step(record, f"serve {config.label}", serve_step, out)
 
     md = report(record, out, args.model, max(concurrencies))
-    write_experiment(out, "gpu_suite", record, md)
+    write_results(out, "gpu_suite", record, md, text_suffix=".md")
     (out / "machine.json").write_text(json.dumps(record["machine"], indent=1) + "\n")
     print(md)
 

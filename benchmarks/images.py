@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from compile.gate import IMAGE_SUFFIXES
+
 logger = logging.getLogger(__name__)
 
 # skimage.data colour photos that ship with the package (no download).
@@ -23,7 +25,6 @@ PHOTOS = ("chelsea", "coffee", "astronaut", "rocket", "hubble_deep_field", "immu
 IMAGENET_SIZE = (500, 375)  # width x height of a typical ImageNet validation photo
 JPEG_QUALITY = 90
 NOISE_SIGMA = 4.0  # sensor-like noise, so JPEG sizes look like photos rather than clean renders
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
 def photo_jpegs(width: int, height: int, sources: tuple[str, ...] = PHOTOS, seed: int = 0) -> list[bytes]:

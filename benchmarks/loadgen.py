@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from benchmarks.images import read_images
+from preprocessing.probe import sniff_format
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ CLOSED, OPEN = "closed", "open"
 CONSTANT, POISSON = "constant", "poisson"
 CLIENT_TIMEOUT_S = 300.0  # longer than any server deadline: a request that times out here was lost
 DEFAULT_MAX_SECONDS = 600.0
-CONTENT_TYPES = {b"\xff\xd8\xff": "image/jpeg", b"\x89PNG": "image/png", b"RIFF": "image/webp", b"GIF8": "image/gif"}
 TIMING_PARTS = ("queue", "preprocess", "inference", "postprocess", "total")
 
 
@@ -142,7 +142,8 @@ def check_loopback(url: str) -> None:
 
 
 def content_type(image: bytes) -> str:
-    return next((kind for magic, kind in CONTENT_TYPES.items() if image.startswith(magic)), "application/octet-stream")
+    fmt = sniff_format(image)
+    return f"image/{fmt.lower()}" if fmt else "application/octet-stream"
 
 
 class _Sender:
@@ -308,11 +309,8 @@ class LoadResult:
             else None,
         }
 
-    def to_dict(self, with_samples: bool = True) -> dict:
-        record = {"spec": asdict(self.spec), "summary": self.summary()}
-        if with_samples:
-            record["samples"] = [asdict(s) for s in self.samples]
-        return record
+    def to_dict(self) -> dict:
+        return {"spec": asdict(self.spec), "summary": self.summary(), "samples": [asdict(s) for s in self.samples]}
 
 
 def format_summary(summary: dict) -> str:

@@ -8,7 +8,6 @@ TorchServe and the per-process script load identical weights), and compiled CPU 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import subprocess
 import sys
@@ -151,13 +150,6 @@ def closed(requests: int, concurrency: int, warmup: int | None = None) -> LoadSp
 def run_record(result: LoadResult) -> dict:
     """A run's summary plus its raw latencies (for CDF plots), without the per-sample detail."""
     return {**result.summary(), "latencies_ms": [round(s.latency_ms, 2) for s in result.ok]}
-
-
-def write_experiment(directory: Path, name: str, record: dict, markdown: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    (directory / f"{name}.md").write_text(markdown.rstrip() + "\n")
-    logger.info("wrote %s.json and .md in %s", name, directory)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import signal
 import time
 import warnings
@@ -24,7 +23,7 @@ from PIL import Image
 
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from service.batching import GreedyBatchedLoop
-from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager
+from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager, set_worker_threads
 from service.heap import HeapTrimmer
 from service.request_parsing import ImageRequest
 from service.server_timing import server_timing
@@ -97,9 +96,7 @@ class ClassifierAPI(ls.LitAPI):
         # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch_device = torch.device(device)
-        if torch_device.type == "cpu":
-            # Workers of one machine share its cores; oversubscribing them only adds contention.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.settings.workers_per_device))
+        set_worker_threads(torch_device, self.settings.workers_per_device)
         if self.settings.artifact:
             self.served = load_artifact(self.settings.artifact, torch_device)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,13 @@ class ServedModel:
             padding = images[-1:].expand(self.batch_min - count, *images.shape[1:])
             images = torch.cat([images, padding]).contiguous(memory_format=torch.channels_last)
         return self.run(images)[:count]
+
+
+def set_worker_threads(device: torch.device, workers_per_device: int) -> None:
+    """On a CPU, give each of the machine's inference workers an equal share of its cores as torch
+    threads: workers of one machine share its cores, and oversubscribing them only adds contention."""
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_device))
 
 
 def entry_from_manifest(manifest: Manifest) -> ModelEntry:

@@ -14,11 +14,13 @@ for ``IDLE_BEFORE_TRIM_S``, and under unbroken load at most once per ``MAX_TRIM_
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,6 @@ class HeapTrimmer:
         self._dirty = True  # something ran since the last trim
         self._last_trim = time.monotonic()
         self._stop = threading.Event()
-        self.trims = 0
 
     @property
     def available(self) -> bool:
@@ -66,8 +67,17 @@ class HeapTrimmer:
     def stop(self) -> None:
         self._stop.set()
 
-    def busy(self) -> _Busy:
-        return _Busy(self)
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        with self._lock:
+            self._active += 1
+            self._dirty = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._last_activity = time.monotonic()
 
     def _due(self, now: float) -> bool:
         """Whether to trim now (lock held): after a pause in the work, or when unbroken work has gone too
@@ -77,16 +87,6 @@ class HeapTrimmer:
         idle = self._active == 0 and now - self._last_activity >= IDLE_BEFORE_TRIM_S
         return idle or now - self._last_trim >= MAX_TRIM_GAP_S
 
-    def _enter(self) -> None:
-        with self._lock:
-            self._active += 1
-            self._dirty = True
-
-    def _exit(self) -> None:
-        with self._lock:
-            self._active -= 1
-            self._last_activity = time.monotonic()
-
     def trim_if_due(self, now: float) -> bool:
         with self._lock:  # check and claim in one step: a batch starting in between marks it dirty again
             if not self._due(now):
@@ -94,20 +94,8 @@ class HeapTrimmer:
             self._dirty = False
             self._last_trim = now
         self._trim(0)
-        self.trims += 1
         return True
 
     def _run(self) -> None:
         while not self._stop.wait(CHECK_INTERVAL_S):
             self.trim_if_due(time.monotonic())
-
-
-class _Busy:
-    def __init__(self, trimmer: HeapTrimmer) -> None:
-        self._trimmer = trimmer
-
-    def __enter__(self) -> None:
-        self._trimmer._enter()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._trimmer._exit()
