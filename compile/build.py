@@ -245,16 +245,22 @@ def old_prefix(output: Path) -> str:
     return f".{output.name}.old-"
 
 
+def lock_path(output: Path) -> Path:
+    return output.parent / f".{output.name}.lock"
+
+
 @contextlib.contextmanager
 def output_lock(output: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``output``'s parent while checking, building and replacing ``output``.
+    """Hold an exclusive lock for ``output`` while checking, building and replacing it.
 
-    Two compiles into the same folder take turns (an identical second one then finds a cache hit).
-    Under the lock, leftovers of a compile that was killed are cleaned up: a half-built staging
-    folder is removed, and an old artifact that was moved aside but not replaced is put back.
+    Two compiles into the same folder take turns (an identical second one then finds a cache hit):
+    pods sharing one artifact volume compile once. Under the lock, leftovers of a compile that was
+    killed are cleaned up: a half-built staging folder is removed, and an old artifact that was
+    moved aside but not replaced is put back. The lock is a regular file opened for writing: on
+    NFS (the usual shared volume) Linux emulates flock with POSIX locks, which need a writable file.
     """
     output.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(output.parent, os.O_RDONLY)
+    fd = os.open(lock_path(output), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

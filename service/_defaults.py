@@ -21,6 +21,8 @@ WORKERS_PER_DEVICE = 1
 HOST = "127.0.0.1"
 PORT = 8000
 LOG_LEVEL = "info"
+# text for a terminal; containers set json (one object per line, with the request id).
+LOG_FORMAT = "text"
 
 ENV_PREFIX = "VISION_SERVE_"
 

@@ -25,11 +25,15 @@ from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from service.batching import GreedyBatchedLoop
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager, set_worker_threads
 from service.heap import HeapTrimmer
+from service.logs import configure_logging
+from service.metrics import metrics, record_gpu_memory
 from service.request_parsing import ImageRequest
 from service.server_timing import server_timing
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
+
+GPU_MEMORY_SAMPLE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -40,6 +44,7 @@ class ClassifyBatch:
     top_k: list[int]
     preprocess_ms: float
     queue_ms: list[float | None]  # per request: from queueing in the HTTP process to this batch's start
+    request_ids: list[str | None] = field(default_factory=list)
 
 
 @dataclass
@@ -79,22 +84,23 @@ def warmup_batch_sizes(served: ServedModel, max_batch_size: int) -> list[int]:
 class ClassifierAPI(ls.LitAPI):
     def __init__(self, settings: ServeSettings) -> None:
         with warnings.catch_warnings():
-            # With --max-batch-size 1 LitServe warns that batch/unbatch are overridden; predict()
-            # handles both paths on purpose.
+            # With --max-batch-size 1 LitServe warns that batch/unbatch are overridden: our loop
+            # runs batches of one through them on purpose.
             warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
             super().__init__(
                 max_batch_size=settings.max_batch_size,
                 batch_timeout=settings.batch_timeout_ms / 1000.0,
-                # Batch size 1 keeps LitServe's single loop, which already blocks on its queue.
-                loop=GreedyBatchedLoop() if settings.max_batch_size > 1 else "auto",
+                loop=GreedyBatchedLoop(),
             )
         self.settings = settings
         self.served: ServedModel | None = None  # set in setup(), in the worker
+        self._gpu_memory_sampled_at = 0.0
 
     def setup(self, device: str) -> None:
         # Ctrl-C in a terminal reaches the whole process group; the main process stops the server
         # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
         torch_device = torch.device(device)
         set_worker_threads(torch_device, self.settings.workers_per_device)
         if self.settings.artifact:
@@ -118,6 +124,7 @@ class ClassifierAPI(ls.LitAPI):
             self.served.description,
         )
         self._warm_up()
+        record_gpu_memory(torch_device)
 
     def _warm_up(self) -> None:
         """Run the full path at the batch sizes requests will form, so first requests are not slow."""
@@ -140,12 +147,29 @@ class ClassifierAPI(ls.LitAPI):
         with self.heap_trimmer.busy():
             prepared = self.preprocessor([item.image for item in inputs])
         preprocess_ms = (time.perf_counter() - started) * 1e3
-        return ClassifyBatch(prepared, [item.top_k for item in inputs], preprocess_ms, queue_ms)
+        request_ids = [item.request_id for item in inputs]
+        return ClassifyBatch(prepared, [item.top_k for item in inputs], preprocess_ms, queue_ms, request_ids)
 
-    def predict(self, x: ClassifyBatch | ImageRequest) -> list[ItemResult] | ItemResult:
-        if isinstance(x, ImageRequest):  # max_batch_size=1: LitServe's single loop skips batch/unbatch
-            return self._classify(self.batch([x]))[0]
-        return self._classify(x)
+    def predict(self, x: ClassifyBatch) -> list[ItemResult]:
+        results = self._classify(x)
+        # Counted here, not in _classify, which warm-up also runs.
+        classified = sum(r.predictions is not None for r in results)
+        if classified:
+            metrics().observe_batch(classified)
+        now = time.monotonic()
+        if now - self._gpu_memory_sampled_at >= GPU_MEMORY_SAMPLE_INTERVAL_S:
+            self._gpu_memory_sampled_at = now
+            record_gpu_memory(self.torch_device)
+        if logger.isEnabledFor(logging.DEBUG):
+            timings = results[0].timings_ms if results else {}
+            logger.debug(
+                "Batch of %d (%d classified): %s",
+                len(results),
+                classified,
+                ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items() if k != "queue"),
+                extra={"request_ids": x.request_ids},
+            )
+        return results
 
     def unbatch(self, output: list[ItemResult]) -> list[ItemResult]:
         return output
@@ -193,4 +217,5 @@ class ClassifierAPI(ls.LitAPI):
             response = JSONResponse(body, headers=headers)
         timings = {**output.timings_ms, "postprocess": (time.perf_counter() - started) * 1e3}
         response.headers["Server-Timing"] = server_timing(timings)
+        metrics().observe_stages(timings)
         return response

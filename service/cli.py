@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from service.settings import LOG_LEVELS, ServeSettings, env_overrides, env_var
+from service.logs import LOG_FORMATS, configure_logging
+from service.settings import (
+    CONFIG_ENV,
+    LOG_LEVELS,
+    ResolvedSettings,
+    ServeSettings,
+    env_var,
+    flag,
+    render_config,
+    resolve_settings,
+)
+
+# Flags of the command itself, not settings.
+COMMAND_FLAGS = ("config", "print_config")
 
 _HELP = {
     "artifact": "a compile-trt artifact directory to serve; its manifest sets the model, weights, "
@@ -25,6 +37,7 @@ _HELP = {
     "host": "address to listen on: 127.0.0.1, 0.0.0.0 or ::",
     "port": "TCP port",
     "log_level": "logging level",
+    "log_format": "text (for a terminal) or json (one object per line with the request id, for log pipelines)",
     "max_body_bytes": "largest request body accepted; larger ones get 413",
     "max_image_pixels": "largest image (width x height, read from its header before decoding) accepted; "
     "larger ones get 413",
@@ -39,37 +52,54 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vision-serve",
         description="Serve an image classifier: POST an image to /predict, get its top-k labels.",
-        epilog="Every flag can also be set with an environment variable, e.g. VISION_SERVE_PORT=9000.",
+        epilog="Every setting can also be set with an environment variable (e.g. VISION_SERVE_PORT=9000) or a "
+        "key of a TOML --config file (e.g. port = 9000). Flags win over env vars, which win over the file.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML file of settings, keys as the flags without dashes (max_batch_size = 8) (env {CONFIG_ENV})",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings, where each comes from, as a config file; then exit",
     )
     for f in fields(ServeSettings):
-        flag = "--" + f.name.replace("_", "-")
         kwargs = {"type": type(f.default), "default": None, "metavar": f.name.upper()}
         if f.name == "log_level":
             kwargs = {"choices": LOG_LEVELS, "default": None}
+        elif f.name == "log_format":
+            kwargs = {"choices": LOG_FORMATS, "default": None}
         default = f.default if f.default != "" else "none"
         if isinstance(f.default, int) and f.default >= 10_000:
             default = f"{f.default:_}"
-        parser.add_argument(flag, help=f"{_HELP[f.name]} (default: {default}; env {env_var(f.name)})", **kwargs)
+        parser.add_argument(flag(f.name), help=f"{_HELP[f.name]} (default: {default}; env {env_var(f.name)})", **kwargs)
     return parser
 
 
+def resolve_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ResolvedSettings:
+    """Flags win over VISION_SERVE_* variables, which win over the config file, then the defaults."""
+    flags = {k: v for k, v in vars(args).items() if k not in COMMAND_FLAGS}
+    return resolve_settings(flags, environ, getattr(args, "config", None))
+
+
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServeSettings:
-    """Flags win over VISION_SERVE_* variables, which win over the defaults."""
-    values = env_overrides(environ)
-    values.update({k: v for k, v in vars(args).items() if v is not None})
-    return ServeSettings(**values)
+    return resolve_from_args(args, environ).settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = settings_from_args(args)
+        resolved = resolve_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    if args.print_config:
+        sys.stdout.write(render_config(resolved))
+        return 0
+    settings = resolved.settings
+    configure_logging(settings.log_level, settings.log_format)
     from service.server import build_server, serve  # imports torch and litserve; keep --help fast
 
     try:

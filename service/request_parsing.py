@@ -38,6 +38,7 @@ class ImageRequest:
     # time.monotonic() when the HTTP process queued it (system-wide on Linux, so the worker can
     # subtract it from its own clock): the start of the queue wait reported in Server-Timing.
     queued_at: float | None = None
+    request_id: str | None = None  # for the worker's logs (service/http_observer.py)
 
 
 def parse_top_k(raw: object) -> int:

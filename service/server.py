@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import resources
 from multiprocessing import resource_tracker
 
 import litserve as ls
 import torch
 from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from litserve.utils import WorkerSetupStatus
 
 from compile.catalog import get_model_entry
@@ -34,6 +37,20 @@ from service.admission import AdmissionGate
 from service.api import ClassifierAPI
 from service.auth import ApiKeyAuth
 from service.engine import ENGINE_EAGER, ensure_servable
+from service.http_observer import HttpObserver
+from service.logs import adopt_library_loggers
+from service.metrics import (
+    CONTENT_TYPE as METRICS_CONTENT_TYPE,
+)
+from service.metrics import (
+    LiveState,
+    LiveStateCollector,
+    exposition,
+    mark_process_dead,
+    metrics,
+    package_version,
+    use_directory,
+)
 from service.predict_endpoint import OPENAPI_EXTRA, PredictEndpoint
 from service.request_parsing import RequestLimits
 from service.settings import ServeSettings
@@ -42,6 +59,11 @@ from service.worker_watch import WorkerWatch, restart_dead_workers
 logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
+
+
+@functools.cache
+def upload_page_html() -> str:
+    return resources.files("service").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
 class StartupInterrupted(Exception):
@@ -76,8 +98,10 @@ class VisionLitServer(ls.LitServer):
 
     - ``POST /predict`` (``PredictEndpoint``): limits checked in the HTTP process, a bounded queue
       (503 + Retry-After beyond it), a deadline that covers running work (504).
-    - ``/health`` (alive) and ``/ready`` (every worker loaded and warmed) answer without a key;
-      with ``--api-key``, ``/predict`` and ``/info`` need it.
+    - ``/health`` (alive), ``/ready`` (every worker loaded and warmed) and ``/metrics`` (Prometheus,
+      service/metrics.py) answer without a key; with ``--api-key``, ``/predict`` and ``/info`` need it.
+    - Every response carries ``X-Request-ID``; the access log and ``vision_serve_requests_total``
+      come from one middleware (service/http_observer.py).
     - A worker that dies is restarted; the requests it held get 503 at once (``WorkerWatch``).
     - Stopping, also from a signal handler while workers start, takes LitServe's own graceful path
       (the one its /shutdown endpoint uses): uvicorn stops accepting and finishes the requests it
@@ -99,6 +123,7 @@ class VisionLitServer(ls.LitServer):
         # running them. restart_workers: the workers report which requests they took, which is
         # how WorkerWatch knows what a dead worker held.
         super().__init__(lit_api, timeout=settings.request_timeout_s, restart_workers=True, **kwargs)
+        self.app.add_middleware(HttpObserver, counted_path=lit_api.api_path)
 
     def request_stop(self) -> None:
         if self._stop_requested:
@@ -110,6 +135,12 @@ class VisionLitServer(ls.LitServer):
             # the main thread may be blocked on, and a proxy connection must not be re-entered.
             # A new thread gets its own connection.
             threading.Thread(target=event.set, name="vision-serve-stop", daemon=True).start()
+
+    def _init_manager(self, num_api_servers: int) -> object:
+        # LitServer.run has just given the litserve logger a handler of its own, in its own format:
+        # route it through ours, before the HTTP processes fork and inherit it.
+        adopt_library_loggers()
+        return super()._init_manager(num_api_servers)
 
     def verify_worker_status(self) -> None:
         while not any(v == WorkerSetupStatus.READY for v in self.workers_setup_status.values()):
@@ -126,8 +157,9 @@ class VisionLitServer(ls.LitServer):
 
     def _register_internal_endpoints(self) -> None:
         @self.app.get("/", include_in_schema=False)
-        async def index() -> dict:
-            return {"service": "vision-serve", "predict": "POST /predict", "docs": "/docs"}
+        async def upload_page() -> HTMLResponse:
+            """A page to try the model from a browser: pick or drop an image, see the top 5 and the latency."""
+            return HTMLResponse(upload_page_html())
 
         @self.app.get("/health")
         async def health() -> dict:
@@ -141,6 +173,11 @@ class VisionLitServer(ls.LitServer):
             is_ready = watch is not None and watch.ready
             states = dict(watch.states) if watch is not None else {}
             return JSONResponse({"ready": is_ready, "workers": states}, status_code=200 if is_ready else 503)
+
+        @self.app.get("/metrics", include_in_schema=False)
+        def prometheus_metrics() -> Response:
+            """Prometheus text format; a plain def, so FastAPI runs the file reads in its thread pool."""
+            return Response(exposition(self.live_metrics()), media_type=METRICS_CONTENT_TYPE)
 
         @self.app.get("/info", dependencies=self.auth_dependencies)
         async def info() -> dict:
@@ -158,6 +195,26 @@ class VisionLitServer(ls.LitServer):
                     "api_key_required": bool(settings.api_key),
                 },
             }
+
+    def live_metrics(self) -> LiveStateCollector:
+        api_path = self.litapi_connector.lit_apis[0].api_path
+        metadata = self.model_metadata or {}
+        watch = self.worker_watch
+        return LiveStateCollector(
+            LiveState(
+                queue_depth=lambda: self._get_request_queue(api_path).qsize(),
+                in_flight=lambda: self.admission.admitted,
+                in_flight_limit=self.settings.max_queue,
+                worker_states=lambda: watch.states if watch is not None else {},
+                build_info={
+                    "version": package_version(),
+                    "model": str(metadata.get("model", "")),
+                    "engine": str(metadata.get("engine", "")),
+                    "preprocess": str(metadata.get("preprocess", "")),
+                    "device": str(metadata.get("device", "")),
+                },
+            )
+        )
 
     def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: object, response_type: object) -> None:
         endpoint = PredictEndpoint(self, lit_api.api_path, self.limits, self.admission, self.settings.request_timeout_s)
@@ -195,13 +252,18 @@ class VisionLitServer(ls.LitServer):
             self.exit_code = 1
             self.request_stop()
 
+        def relaunch(index: int) -> object:
+            mark_process_dead(self.inference_workers[index].pid)  # its GPU-memory gauge no longer counts
+            metrics().worker_restarts.inc()
+            return self.launch_single_inference_worker(lit_api, index)
+
         thread = threading.Thread(
             target=restart_dead_workers,
             kwargs={
                 "workers": self.inference_workers,
                 "setup_status": self.workers_setup_status,
                 "status_key": lambda index: f"{endpoint}_{index}",
-                "relaunch": lambda index: self.launch_single_inference_worker(lit_api, index),
+                "relaunch": relaunch,
                 "stopping": lambda: self._stop_requested,
                 "on_unrecoverable": stop_with_error,
             },
@@ -302,7 +364,8 @@ def build_server(settings: ServeSettings) -> VisionLitServer:
         "preprocess_reason": reason,
         "preprocess_spec": spec.to_dict(),
         "labels_source": labels_source,
-        "device": settings.device,
+        # What --device resolved to: cpu, cuda (every GPU) or cuda:N.
+        "device": "cpu" if accelerator == "cpu" else ("cuda" if settings.device == "auto" else settings.device),
         "max_batch_size": settings.max_batch_size,
         "batch_timeout_ms": settings.batch_timeout_ms,
     }
@@ -353,6 +416,8 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             logger.info("%s received: shutting down.", signal.Signals(signum).name)
         server.request_stop()
 
+    # Before any other process starts: they all record into this directory (service/metrics.py).
+    metrics_dir, remove_metrics_dir = use_directory()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run(
@@ -360,6 +425,10 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             port=settings.port,
             log_level=settings.log_level,
             generate_client_file=False,  # LitServe would otherwise write client.py into the cwd
+            # uvicorn: no handlers of its own (its records reach ours, service/logs.py), and no access
+            # log (ours has the request id, service/http_observer.py).
+            log_config=None,
+            access_log=False,
         )
         return server.exit_code
     except StartupInterrupted:
@@ -377,3 +446,5 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         reap_children()
+        if remove_metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,15 +1,28 @@
-"""One settings object for the server; every field is a flag and a VISION_SERVE_* env var."""
+"""One settings object for the server. Every field is a flag, a VISION_SERVE_* env var and a key of
+the optional TOML config file; flags win over env vars, which win over the file, which wins over
+the defaults. ``resolve_settings`` applies that order and remembers where each value came from.
+"""
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from compile._defaults import LOG_LEVELS
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service import _defaults
+from service.logs import LOG_FORMATS
 
 ALLOWED_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe's run() accepts
 
@@ -27,6 +40,7 @@ class ServeSettings:
     host: str = _defaults.HOST
     port: int = _defaults.PORT
     log_level: str = _defaults.LOG_LEVEL
+    log_format: str = _defaults.LOG_FORMAT
     max_body_bytes: int = _defaults.MAX_BODY_BYTES
     max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS
     max_queue: int = _defaults.MAX_QUEUE
@@ -50,6 +64,11 @@ class ServeSettings:
             raise ValueError(f"--port must be in 1024..65535, got {self.port}.")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}.")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(
+                f"--log-format must be one of {', '.join(LOG_FORMATS)} (json: one object per line, for log "
+                f"pipelines), got {self.log_format!r}."
+            )
         if self.preprocess not in ("auto", *PREPROCESS_BACKENDS):
             raise ValueError(
                 f"--preprocess must be auto or one of {', '.join(PREPROCESS_BACKENDS)}, got {self.preprocess!r}."
@@ -99,3 +118,92 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, object]
         except ValueError:
             raise ValueError(f"{env_var(f.name)}={raw!r} is not a valid {kind.__name__}.") from None
     return values
+
+
+CONFIG_ENV = _defaults.ENV_PREFIX + "CONFIG"
+FIELD_TYPES = {f.name: type(f.default) for f in fields(ServeSettings)}
+
+
+def flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, object]:
+    """Field values from a TOML file of ``name = value`` lines (``max_batch_size`` or ``max-batch-size``)."""
+    path = Path(path).expanduser()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"Config file {path}: no such file (from --config or {CONFIG_ENV}).") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"Config file {path} is not a readable TOML file: {exc}") from None
+    values: dict[str, object] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in FIELD_TYPES:
+            close = difflib.get_close_matches(name, FIELD_TYPES, n=1)
+            hint = f" Did you mean {close[0]}?" if close else f" Known keys: {', '.join(FIELD_TYPES)}."
+            raise ValueError(f"Config file {path}: unknown key {key!r}.{hint}")
+        kind = FIELD_TYPES[name]
+        if kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not kind:
+            raise ValueError(
+                f"Config file {path}: {key} must be a {kind.__name__} (e.g. {key} = {toml_value(kind())}), "
+                f"got {value!r}."
+            )
+        values[name] = value
+    return values
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    settings: ServeSettings
+    sources: dict[str, str]  # field -> "default", "config file PATH", "env NAME" or "flag --NAME"
+
+
+def resolve_settings(
+    flags: Mapping[str, object],
+    environ: Mapping[str, str] | None = None,
+    config_path: str | None = None,
+) -> ResolvedSettings:
+    """Defaults < config file (``config_path``, else ``VISION_SERVE_CONFIG``) < env vars < flags."""
+    environ = os.environ if environ is None else environ
+    config_path = config_path or environ.get(CONFIG_ENV) or None
+    values: dict[str, object] = {}
+    sources = {name: "default" for name in FIELD_TYPES}
+    layers = [
+        (read_config_file(config_path) if config_path else {}, f"config file {config_path}"),
+        (env_overrides(environ), None),
+        ({k: v for k, v in flags.items() if v is not None}, None),
+    ]
+    for layer_index, (layer, label) in enumerate(layers):
+        for name, value in layer.items():
+            values[name] = value
+            sources[name] = label or (f"env {env_var(name)}" if layer_index == 1 else f"flag {flag(name)}")
+    return ResolvedSettings(ServeSettings(**values), sources)
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string for everything json escapes
+    return repr(value)
+
+
+def render_config(resolved: ResolvedSettings) -> str:
+    """The effective settings as a TOML config file (the API key never shown), each with its source."""
+    lines = [
+        "# vision-serve effective configuration: flags > VISION_SERVE_* env vars > config file > defaults.",
+        "# Usable as a --config file as is.",
+    ]
+    rows = []
+    for name, value in asdict(resolved.settings).items():
+        source = resolved.sources[name]
+        if name == "api_key":
+            state = "set" if value else "not set"
+            rows.append((f"# api_key = ... ({state}; never printed)", source))
+            continue
+        rows.append((f"{name} = {toml_value(value)}", source))
+    width = max(len(text) for text, _ in rows)
+    lines += [f"{text.ljust(width)}  # {source}" for text, source in rows]
+    return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ import functools
 import io
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image
@@ -51,3 +52,9 @@ def coffee_jpeg() -> bytes:
 def truncated_jpeg(chelsea_jpeg: bytes) -> bytes:
     """A JPEG cut in the middle of its pixel data: the header parses, the decode fails."""
     return chelsea_jpeg[: len(chelsea_jpeg) // 2]
+
+
+def inference_workers(server_process) -> list[psutil.Process]:
+    """The spawned inference worker processes of a running ``service.process.ServerProcess``."""
+    children = psutil.Process(server_process.process.pid).children(recursive=True)
+    return [p for p in children if "spawn_main" in " ".join(p.cmdline())]

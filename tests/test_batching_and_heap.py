@@ -18,6 +18,7 @@ from litserve.utils import LitAPIStatus
 from service import batching
 from service.batching import GreedyBatchedLoop
 from service.heap import IDLE_BEFORE_TRIM_S, MAX_TRIM_GAP_S, HeapTrimmer
+from service.metrics import metrics
 
 
 class RecordingTransport:
@@ -86,12 +87,23 @@ def test_an_idle_queue_returns_empty_after_the_idle_wait(manager, monkeypatch) -
     assert _loop().get_batch_requests(_api(), manager.Queue(), RecordingTransport()) == ([], [])
 
 
-def test_expired_requests_are_reported_not_run(manager) -> None:
-    queue = manager.Queue()
-    _put(queue, 1, queued_at=time.monotonic() - 60)
-    _put(queue, 1, start=1)
-    payloads, timed_out = _loop().get_batch_requests(_api(request_timeout=30), queue, RecordingTransport())
-    assert timed_out == [(7, "uid-0")] and [p[1] for p in payloads] == ["uid-1"]
+def expired_count() -> float:
+    return metrics().registry.get_sample_value("vision_serve_requests_expired_total") or 0.0
+
+
+def test_expired_requests_are_answered_504_counted_and_not_run(manager, caplog) -> None:
+    queue, transport, loop = manager.Queue(), RecordingTransport(), _loop()
+    before = expired_count()
+    for _ in range(2):  # two rounds: the second drop is counted but not logged again so soon
+        _put(queue, 1, queued_at=time.monotonic() - 60)
+        _put(queue, 1, start=1)
+        payloads, timed_out = loop.get_batch_requests(_api(request_timeout=30), queue, transport)
+        assert timed_out == [] and [p[1] for p in payloads] == ["uid-1"]
+    answers = [(uid, message[0]) for _, (uid, message) in transport.sent if message[1] == LitAPIStatus.ERROR]
+    assert [(uid, error.status_code) for uid, error in answers] == [("uid-0", 504), ("uid-0", 504)]
+    assert expired_count() == before + 2
+    dropped = [r for r in caplog.records if r.name == "service.batching" and "Dropped" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].levelname == "WARNING"
 
 
 def test_the_shutdown_sentinel_stops_the_loop(manager) -> None:

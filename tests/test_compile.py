@@ -68,8 +68,8 @@ def test_fp32_artifact_manifest_records_what_was_built(fp32_artifact) -> None:
     assert validation["samples"]["batch_sizes"] == [1, 8, 32]
     chelsea = next(item for item in validation["real_images"] if item["name"] == "chelsea")
     assert chelsea["compiled"] in CAT_LABELS and chelsea["compiled"] == chelsea["reference"]
-    # Nothing but the artifact is left next to it (the staging directory is gone).
-    assert [p.name for p in fp32_artifact.parent.iterdir()] == [fp32_artifact.name]
+    # Nothing but the artifact and its lock file is left next to it (the staging directory is gone).
+    assert sorted(p.name for p in fp32_artifact.parent.iterdir()) == [f".{fp32_artifact.name}.lock", fp32_artifact.name]
 
 
 def test_bf16_artifact_passes_its_gate_and_keeps_the_labels(bf16_artifact) -> None:
@@ -136,7 +136,7 @@ def test_gate_failure_exits_nonzero_and_keeps_the_previous_artifact(fp32_artifac
     assert code == EXIT_GATE_FAILED
     assert "accuracy gate FAILED" in err and "max_rel_error" in err and "FAIL" in err
     assert (output / "manifest.json").read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".artifact.lock", "artifact"]
 
 
 def test_gate_failure_leaves_no_artifact(tmp_path, capsys) -> None:
@@ -144,7 +144,7 @@ def test_gate_failure_leaves_no_artifact(tmp_path, capsys) -> None:
     args = [*LITE, "--backend", "eager", "--precision", "bf16", "--output", str(output)]
     code = compile_main([*args, "--gate-min-top1-agreement", "1", "--gate-max-rel-error", "0"])
     assert code == EXIT_GATE_FAILED and not output.exists()
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [".new.lock"]  # the lock file only: no staging left
 
 
 @pytest.mark.skipif(torch_tensorrt_status()[0], reason="torch_tensorrt is installed here")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 
 import pytest
 import torch
@@ -237,7 +238,31 @@ def test_interrupted_compile_leftovers_are_cleaned_and_the_old_artifact_restored
     (tmp_path / ".other.tmp-1").mkdir()  # another output's: not ours to touch
     with output_lock(output):
         assert (output / "manifest.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-1", "artifact"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".artifact.lock", ".other.tmp-1", "artifact"]
+
+
+def test_two_compiles_into_one_output_take_turns(tmp_path) -> None:
+    import threading
+
+    from compile.build import output_lock
+
+    output, order = tmp_path / "artifact", []
+    first_holds = threading.Event()
+
+    def first() -> None:
+        with output_lock(output):
+            first_holds.set()
+            order.append("first in")
+            time.sleep(0.3)
+            order.append("first out")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_holds.wait(10)
+    with output_lock(output):  # a separate open of the lock file, as another process's would be
+        order.append("second in")
+    thread.join()
+    assert order == ["first in", "first out", "second in"]
 
 
 def test_failed_rename_puts_the_old_artifact_back(tmp_path) -> None:

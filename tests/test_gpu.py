@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from compile.catalog import get_model_entry
 from preprocessing.pil_backend import PilPreprocessor
@@ -32,6 +33,13 @@ def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) ->
         assert client.classify(chelsea_jpeg).top1.label in CAT_LABELS
         assert client.classify(coffee_jpeg).top1.label == "espresso"
         assert httpx.get(f"{server.url}/info").json()["server"]["devices"] == ["cuda:0"]
+        metrics = {
+            family.name: family.samples[0]
+            for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+            if family.name.startswith("vision_serve_gpu_memory")
+        }
+    used, total = metrics["vision_serve_gpu_memory_used_bytes"], metrics["vision_serve_gpu_memory_total_bytes"]
+    assert used.labels == {"device": "cuda:0"} and 0 < used.value < total.value  # the model is on it
 
 
 def compile_and_serve(tmp_path, chelsea_jpeg: bytes, backend: str, precision: str) -> None:

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU image's entrypoint: compile the served artifact on first start (cached on the volume), then serve.
+#
+#   entrypoint.sh [vision-serve flags...]   compile if needed, then exec vision-serve with the flags
+#   entrypoint.sh COMMAND [args...]         exec COMMAND as it is (compile-trt, python, bash, ...)
+#
+# Environment (read here; vision-serve reads its own VISION_SERVE_* settings):
+#   VISION_SERVE_ARTIFACT      the artifact folder vision-serve serves; when set, compile-trt compiles into it first
+#   VISION_SERVE_COMPILE_ARGS  compile-trt's flags, split on whitespace (no quoting), e.g.
+#                              "--model resnet152 --backend tensorrt --precision fp16 --batch 1,16,32"
+#   VISION_SERVE_COMPILE       1 (default): run compile-trt before serving; 0: serve the artifact as it is
+#                              (one built elsewhere and mounted, maybe read-only)
+#
+# Why compile here and not in `docker build`: no GPU is visible while an image builds, and a TensorRT
+# engine is built for the GPU model and library versions it will run on.
+set -euo pipefail
+
+log() { printf 'entrypoint: %s\n' "$*" >&2; }
+
+# compile-trt always runs (unless VISION_SERVE_COMPILE=0) and decides for itself: its cache key covers
+# the model, weights, backend, precision, batch, GPU and library versions, so an artifact that is up to
+# date is a cache hit (seconds: load and hash the weights, hash the engine) and anything else recompiles.
+# It also takes a lock file next to the artifact, so a second container on the same volume waits for the
+# first compile and then gets the cache hit.
+compile_artifact() {
+	local artifact=$1 parent status
+	parent=$(dirname -- "$artifact")
+	# The usual first-start failure: a bind-mounted host folder the image's user (a fixed UID) cannot
+	# write. Said plainly here instead of as a Python traceback.
+	if ! mkdir -p -- "$parent" 2>/dev/null || [[ ! -w $parent ]]; then
+		log "cannot create or write ${parent} (as uid $(id -u)): give the image's user a writable volume" \
+			"(a named volume, or chown the host folder to uid $(id -u)), or set VISION_SERVE_COMPILE=0 to serve" \
+			"an artifact as it is."
+		return 1
+	fi
+	local -a args=()
+	read -r -a args <<<"${VISION_SERVE_COMPILE_ARGS:-}"
+	log "compile-trt ${args[*]} --output ${artifact} (a cache hit when the artifact is up to date)"
+	# In the background with a trap, so that `docker stop` during a compile of several minutes stops
+	# it at once: bash runs a trap only after its foreground child exits.
+	compile-trt "${args[@]}" --output "$artifact" &
+	local child=$!
+	trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
+	status=0
+	wait "$child" || status=$?
+	# wait returns early (>128) when the trap ran; wait again for compile-trt's own exit status.
+	while kill -0 "$child" 2>/dev/null; do
+		status=0
+		wait "$child" || status=$?
+	done
+	trap - TERM INT
+	case $status in
+	0) return 0 ;;
+	2) log "compile-trt rejected its arguments (see its message above); check VISION_SERVE_COMPILE_ARGS." ;;
+	3) log "the accuracy gate failed: the compiled engine disagrees with eager fp32 beyond the thresholds, so no" \
+		"artifact was written. Try another --precision or --backend in VISION_SERVE_COMPILE_ARGS." ;;
+	4) log "the compile backend is not available here (see above). For --backend tensorrt the container needs a" \
+		"GPU (docker run --gpus all, or compose's device reservation) and an image with torch_tensorrt." ;;
+	130 | 143) log "the compile was interrupted by a signal; nothing was written, the next start compiles again." ;;
+	*) log "compile-trt failed with exit code ${status} (see its log above)." ;;
+	esac
+	log "not starting vision-serve: no up-to-date artifact in ${artifact}."
+	return "$status"
+}
+
+if [[ $# -eq 0 || $1 == -* ]]; then
+	if [[ -n ${VISION_SERVE_ARTIFACT:-} && ${VISION_SERVE_COMPILE:-1} != 0 ]]; then
+		status=0
+		compile_artifact "$VISION_SERVE_ARTIFACT" || status=$?
+		if [[ $status -ne 0 ]]; then
+			exit "$status"
+		fi
+	fi
+	# exec: vision-serve takes this process's place, so the SIGTERM of `docker stop` reaches it
+	# directly and its graceful shutdown (finish the requests it holds, exit 0) runs.
+	exec vision-serve "$@"
+fi
+exec "$@"

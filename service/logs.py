@@ -1,0 +1,91 @@
+"""Logging for every server process: plain text for a terminal, one JSON object per line for a log
+pipeline (``--log-format json``), with the request id of the request being handled.
+
+LitServe gives its own logger a stdout handler and stops it propagating, and uvicorn installs its
+own handlers; ``configure_logging`` routes both through the root handler so every line has one format.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+import time
+from typing import TextIO
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+# The request being handled in this task; set by the HTTP middleware (service/http_observer.py).
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("vision_serve_request_id", default=None)
+# Loggers that bring their own handlers; we want their records in our format instead.
+_LIBRARY_LOGGERS = ("litserve", "uvicorn", "uvicorn.error", "uvicorn.access")
+# LogRecord's own attributes: anything else on a record came from ``extra=`` and goes into the JSON.
+# (uvicorn adds color_message: the message again, with terminal colour codes.)
+_RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "request_id", "color_message"}
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = REQUEST_ID.get()
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        request_id = getattr(record, "request_id", None)
+        return f"{text} [request_id={request_id}]" if request_id else text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, process, message, request_id and
+    any ``extra=`` fields; exceptions as one string."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "process": record.processName,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None)
+        if request_id:
+            entry["request_id"] = request_id
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str, log_format: str = "text", stream: TextIO | None = None) -> None:
+    """Root handler with our format at ``level``; library loggers routed through it. Safe to call again."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}.")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(RequestIdFilter())
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    adopt_library_loggers()
+
+
+def adopt_library_loggers() -> None:
+    """Send LitServe's and uvicorn's records to the root handler (they install their own handlers)."""
+    for name in _LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        for old in library.handlers[:]:
+            library.removeHandler(old)
+        library.propagate = True
+        library.setLevel(logging.NOTSET)

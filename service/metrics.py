@@ -1,0 +1,261 @@
+"""Prometheus metrics for ``GET /metrics``, correct across every process of a server.
+
+A running server is several processes: the main one, an HTTP process per API server (forked), the
+inference workers (spawned) and LitServe's manager. Counters live where the events happen (status
+codes in the HTTP processes, batches in the workers, restarts in the main process), so the server
+uses prometheus_client's multiprocess mode: each process writes its values to files in one
+directory and a scrape sums them. The mode is picked when prometheus_client is imported (from
+``PROMETHEUS_MULTIPROC_DIR``), so this module imports it only inside functions, and the server
+calls ``use_directory`` in the main process before any other process starts. Without it (the
+in-process tests) each process counts for itself and ``/metrics`` shows the HTTP process's own.
+
+Values that describe the server now (queue depth, requests in flight, worker states) are read at
+scrape time from the shared state they already live in (``LiveStateCollector``), so any HTTP
+process gives the same answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PREFIX = "vision_serve_"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds, 0.5 ms (a GPU batch stage) to 30 s (the default deadline): a 1-2-5 series.
+DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STAGES = ("queue", "preprocess", "inference", "postprocess", "total")
+
+# Every metric the server exports (histograms add _bucket, _sum and _count series; counters _total).
+METRIC_NAMES = tuple(
+    PREFIX + name
+    for name in (
+        "requests_total",
+        "stage_duration_seconds",
+        "batch_size",
+        "images_total",
+        "queue_depth",
+        "requests_in_flight",
+        "requests_in_flight_limit",
+        "requests_expired_total",
+        "workers",
+        "worker_restarts_total",
+        "gpu_memory_used_bytes",
+        "gpu_memory_total_bytes",
+        "build_info",
+    )
+)
+
+
+def use_directory(path: str | None = None) -> tuple[str, bool]:
+    """Turn on multiprocess mode for this process and every process it starts.
+
+    Takes ``PROMETHEUS_MULTIPROC_DIR`` if set (emptied of old values, as prometheus_client asks),
+    else a new temporary directory. Returns (directory, whether we created it and should remove it).
+    """
+    path = path or os.environ.get(MULTIPROC_ENV)
+    created = not path
+    if created:
+        path = tempfile.mkdtemp(prefix="vision-serve-metrics-")
+    else:
+        os.makedirs(path, exist_ok=True)
+        for stale in glob.glob(os.path.join(path, "*.db")):  # counts of a previous run would add up
+            os.remove(stale)
+    os.environ[MULTIPROC_ENV] = path
+    import prometheus_client.values as values
+
+    # In case prometheus_client was imported before this call (by a library, or a test): the mode
+    # is otherwise fixed at import. Metrics made after this line use the files.
+    values.ValueClass = values.get_value_class()
+    metrics.cache_clear()
+    return path, created
+
+
+def multiprocess_directory() -> str | None:
+    return os.environ.get(MULTIPROC_ENV)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The metric objects one process records into (each process makes its own: see ``metrics``)."""
+
+    requests: Any
+    stage_duration: Any
+    batch_size: Any
+    images: Any
+    requests_expired: Any
+    worker_restarts: Any
+    gpu_memory_used: Any
+    gpu_memory_total: Any
+    registry: Any  # this process's own values: what /metrics shows without multiprocess mode
+
+    def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
+        for stage, ms in timings_ms.items():
+            self.stage_duration.labels(stage=stage).observe(ms / 1e3)
+
+    def observe_batch(self, images: int) -> None:
+        self.batch_size.observe(images)
+        self.images.inc(images)
+
+
+@functools.cache
+def metrics() -> Metrics:
+    """This process's metric objects, made on first use (after ``use_directory``, in a server)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    registry = CollectorRegistry()
+    common = {"registry": registry}
+    return Metrics(
+        requests=Counter(PREFIX + "requests", "POST /predict responses by HTTP status code.", ["code"], **common),
+        stage_duration=Histogram(
+            PREFIX + "stage_duration_seconds",
+            "Seconds each request spent per stage: queue (admission to batch start), preprocess, inference, "
+            "postprocess, and total (admission to answer, as Server-Timing's total).",
+            ["stage"],
+            buckets=DURATION_BUCKETS,
+            **common,
+        ),
+        batch_size=Histogram(
+            PREFIX + "batch_size", "Images per batch the model ran.", buckets=BATCH_SIZE_BUCKETS, **common
+        ),
+        images=Counter(PREFIX + "images", "Images classified; rate() gives images per second.", **common),
+        requests_expired=Counter(
+            PREFIX + "requests_expired",
+            "Requests dropped unrun because their deadline passed while queued (their clients got 504).",
+            **common,
+        ),
+        worker_restarts=Counter(PREFIX + "worker_restarts", "Inference workers restarted after they died.", **common),
+        # livemax: every worker on a GPU sees the same device-wide value; a dead worker's stops counting.
+        gpu_memory_used=Gauge(
+            PREFIX + "gpu_memory_used_bytes",
+            "GPU memory in use on the device (total - free, as nvidia-smi shows).",
+            ["device"],
+            multiprocess_mode="livemax",
+            **common,
+        ),
+        gpu_memory_total=Gauge(
+            PREFIX + "gpu_memory_total_bytes",
+            "GPU memory on the device.",
+            ["device"],
+            multiprocess_mode="livemax",
+            **common,
+        ),
+        registry=registry,
+    )
+
+
+def mark_process_dead(pid: int | None) -> None:
+    """Drop a dead process's live gauges (its counters stay: they already happened)."""
+    directory = multiprocess_directory()
+    if directory and pid is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, directory)
+
+
+def record_gpu_memory(device: Any) -> None:
+    """Sample the device's memory into the gauges (a cheap driver call; no-op off the GPU)."""
+    if getattr(device, "type", None) != "cuda":
+        return
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    label = str(device)
+    m = metrics()
+    m.gpu_memory_used.labels(device=label).set(total - free)
+    m.gpu_memory_total.labels(device=label).set(total)
+
+
+@dataclass
+class LiveState:
+    """Readers of the server's shared state, evaluated at scrape time."""
+
+    queue_depth: Callable[[], int]
+    in_flight: Callable[[], int]
+    in_flight_limit: int
+    worker_states: Callable[[], Mapping[str, str]]
+    build_info: Mapping[str, str]
+
+
+class LiveStateCollector:
+    """Gauges read at scrape time: the same in every HTTP process, since the state is shared."""
+
+    def __init__(self, state: LiveState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        state = self.state
+        yield _gauge(PREFIX + "queue_depth", "Requests waiting for an inference worker.", _safe(state.queue_depth))
+        yield _gauge(
+            PREFIX + "requests_in_flight",
+            "Requests admitted and not yet answered (queued or running); bounded by --max-queue.",
+            state.in_flight(),
+        )
+        yield _gauge(
+            PREFIX + "requests_in_flight_limit",
+            "Most requests in flight (--max-queue); more get 503.",
+            state.in_flight_limit,
+        )
+        workers = GaugeMetricFamily(PREFIX + "workers", "Inference workers by state.", labels=["state"])
+        counts: dict[str, int] = {"ready": 0}
+        for worker_state in state.worker_states().values():
+            counts[str(worker_state)] = counts.get(str(worker_state), 0) + 1
+        for name, count in sorted(counts.items()):
+            workers.add_metric([name], count)
+        yield workers
+        info = GaugeMetricFamily(
+            PREFIX + "build_info", "What this server runs (always 1).", labels=list(state.build_info)
+        )
+        info.add_metric(list(state.build_info.values()), 1)
+        yield info
+
+
+def _gauge(name: str, documentation: str, value: float) -> Any:
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _safe(read: Callable[[], int]) -> float:
+    try:
+        return read()
+    except (OSError, EOFError, NotImplementedError):  # the manager is gone: shutting down
+        return float("nan")
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("vision-serve")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def exposition(live: LiveStateCollector | None) -> bytes:
+    """The text a scrape gets: every process's values (or this process's own), plus the live gauges."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    directory = multiprocess_directory()
+    if directory:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)
+    else:
+        registry = metrics().registry
+    text = generate_latest(registry)
+    if live is not None:
+        text += generate_latest(live)  # anything with collect() will do; a registry would call it twice
+    return text

@@ -1,0 +1,169 @@
+"""/metrics on a real multi-process server: 2 inference workers and 2 HTTP processes on loopback.
+
+A known mix of requests goes in; every scrape, whichever HTTP process answers it, must show the
+same counts, summed over every process (prometheus_client's multiprocess mode). Then a worker is
+killed: the counts it recorded must survive it and the restart must be counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.metrics import METRIC_NAMES
+from service.process import ServerProcess
+from tests.conftest import CAT_LABELS, inference_workers
+from tests.tools import require_tool
+
+pytestmark = pytest.mark.slow
+
+GOOD = 24
+TRUNCATED = 3  # pass the HTTP process's header check, fail to decode in the worker: 400
+NOT_IMAGES = 2  # rejected in the HTTP process before admission: 415
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} from a fresh connection (so either HTTP process may answer)."""
+    response = httpx.get(f"{url}/metrics", timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def stage_count(samples: dict, stage: str) -> float:
+    return value(samples, "vision_serve_stage_duration_seconds_count", stage=stage)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("metrics") / "server.log"
+    args = ["--model", "efficientnet-lite0", "--workers-per-device", "2", "--max-batch-size", "4"]
+    with ServerProcess([*args, "--log-format", "json"], log_path=log) as running:
+        running.log_file = log
+        yield running
+
+
+@pytest.fixture(scope="module")
+def traffic(server, chelsea_jpeg, truncated_jpeg):
+    """The known mix, 8 at a time, each on its own connection so both HTTP processes take some."""
+
+    def post(body: bytes) -> httpx.Response:
+        return httpx.post(f"{server.url}/predict", content=body, headers={"Content-Type": "image/jpeg"}, timeout=60)
+
+    bodies = [chelsea_jpeg] * GOOD + [truncated_jpeg] * TRUNCATED + [b"plain text, not an image"] * NOT_IMAGES
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(post, bodies))
+    return responses
+
+
+def test_the_known_requests_got_the_expected_answers(traffic) -> None:
+    codes = [r.status_code for r in traffic]
+    assert codes.count(200) == GOOD and codes.count(400) == TRUNCATED and codes.count(415) == NOT_IMAGES
+    assert all(r.json()["predictions"][0]["label"] in CAT_LABELS for r in traffic if r.status_code == 200)
+
+
+def test_every_scrape_shows_the_same_counts_summed_over_all_processes(server, traffic) -> None:
+    scrapes = [scrape(server.url) for _ in range(6)]
+    for samples in scrapes:
+        assert value(samples, "vision_serve_requests_total", code="200") == GOOD
+        assert value(samples, "vision_serve_requests_total", code="400") == TRUNCATED
+        assert value(samples, "vision_serve_requests_total", code="415") == NOT_IMAGES
+        # Admitted requests (not the 415s, refused before the queue) pass through every worker stage
+        # but inference, which only decodable images reach.
+        admitted = GOOD + TRUNCATED
+        for stage in ("queue", "preprocess", "postprocess", "total"):
+            assert stage_count(samples, stage) == admitted, stage
+        assert stage_count(samples, "inference") == GOOD
+        assert value(samples, "vision_serve_images_total") == GOOD
+        assert value(samples, "vision_serve_batch_size_sum") == GOOD
+        assert 1 <= value(samples, "vision_serve_batch_size_count") <= GOOD
+        assert value(samples, "vision_serve_batch_size_bucket", le="4.0") == value(
+            samples, "vision_serve_batch_size_count"
+        )  # --max-batch-size 4
+        assert value(samples, "vision_serve_requests_in_flight") == 0
+        assert value(samples, "vision_serve_queue_depth") == 0
+        assert value(samples, "vision_serve_requests_in_flight_limit") == 256
+        assert value(samples, "vision_serve_workers", state="ready") == 2
+        assert value(samples, "vision_serve_requests_expired_total") == 0
+        info = [labels for (name, labels) in samples if name == "vision_serve_build_info"]
+        assert len(info) == 1 and dict(info[0])["model"] == "efficientnet-lite0" and dict(info[0])["device"] == "cpu"
+        # Stage sums are real durations: inference took time, and no stage exceeds the total.
+        assert value(samples, "vision_serve_stage_duration_seconds_sum", stage="inference") > 0
+        assert value(samples, "vision_serve_stage_duration_seconds_sum", stage="inference") < value(
+            samples, "vision_serve_stage_duration_seconds_sum", stage="total"
+        )
+
+
+def test_both_http_processes_answered_and_were_summed(server, traffic) -> None:
+    """The mix reached both HTTP processes, so the equal counts above are sums over processes."""
+    access = [json.loads(line) for line in server.log_file.read_text().splitlines() if '"service.access"' in line]
+    predict_pids = {entry["pid"] for entry in access if entry["path"] == "/predict"}
+    assert len(predict_pids) == 2, f"all {len(access)} requests went to one HTTP process: {predict_pids}"
+
+
+def test_exposition_passes_promtool_and_names_every_metric(server, traffic) -> None:
+    promtool = require_tool("promtool")
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    families = {family.name for family in text_string_to_metric_families(text)}
+    gpu_only = {name for name in METRIC_NAMES if "_gpu_" in name}
+    # The parser names counters without _total.
+    exported = {name.removesuffix("_total") for name in METRIC_NAMES}
+    assert exported - {n.removesuffix("_total") for n in gpu_only} <= families
+    assert not gpu_only & families  # no GPU here: no GPU series rather than zeros
+
+
+def test_access_log_lines_are_json_with_the_request_id(server, chelsea_jpeg) -> None:
+    response = httpx.post(
+        f"{server.url}/predict", content=chelsea_jpeg, headers={"X-Request-ID": "trace-abc.123"}, timeout=60
+    )
+    assert response.headers["X-Request-ID"] == "trace-abc.123"
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(line) for line in server.log_file.read_text().splitlines() if line.startswith("{")]
+        mine = [entry for entry in lines if entry.get("request_id") == "trace-abc.123"]
+        if mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert mine and mine[0]["logger"] == "service.access" and mine[0]["status"] == 200
+    assert mine[0]["message"].startswith("POST /predict 200")
+    assert {"time", "level", "process", "pid", "duration_ms"} <= mine[0].keys()
+
+
+def test_a_killed_worker_keeps_its_counts_and_the_restart_is_counted(server, traffic, chelsea_jpeg) -> None:
+    before = scrape(server.url)
+    workers = inference_workers(server)
+    assert len(workers) == 2
+    os.kill(workers[0].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:
+        samples = scrape(server.url)
+        if value(samples, "vision_serve_worker_restarts_total") == 1 and (
+            value(samples, "vision_serve_workers", state="ready") == 2
+        ):
+            break
+        assert time.monotonic() < deadline, "the worker was not restarted"
+        time.sleep(0.5)
+    for name, labels in [("vision_serve_images_total", {}), ("vision_serve_requests_total", {"code": "200"})]:
+        assert value(samples, name, **labels) >= value(before, name, **labels) > 0
+    assert stage_count(samples, "inference") >= stage_count(before, "inference")
+    # And the server still serves.
+    response = httpx.post(f"{server.url}/predict", content=chelsea_jpeg, timeout=60)
+    assert response.status_code == 200
