@@ -101,6 +101,7 @@ class ClassifierAPI(ls.LitAPI):
         # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
+        metrics()  # its series exist at 0 from the start, not from the first batch
         torch_device = torch.device(device)
         set_worker_threads(torch_device, self.settings.workers_per_device)
         if self.settings.artifact:

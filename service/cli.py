@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from service.logs import LOG_FORMATS, configure_logging
+from service.logs import LOG_FORMATS, adopt_library_loggers, configure_logging
 from service.settings import (
     CONFIG_ENV,
     LOG_LEVELS,
@@ -101,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = resolved.settings
     configure_logging(settings.log_level, settings.log_format)
     from service.server import build_server, serve  # imports torch and litserve; keep --help fast
+
+    adopt_library_loggers()  # importing litserve gave its logger a handler of its own
 
     try:
         if (

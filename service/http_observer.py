@@ -7,6 +7,7 @@
   the rest), with status, duration and request id. It replaces uvicorn's, which has no request id.
 - ``vision_serve_requests_total{code}`` for the predict route, counted as the response starts, so
   every answer is counted whichever layer produced it (auth, limits, shedding, the worker).
+- An unhandled error becomes a 500 JSON answer sent from here, so that it too carries the id.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: that one adds a task and a stream per request.
 """
@@ -19,6 +20,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 from service.logs import REQUEST_ID
 from service.metrics import metrics
@@ -35,7 +38,10 @@ REQUEST_ID_HEADER = "X-Request-ID"
 # What we accept from a client as its request id: it goes into logs and a response header as is.
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})
-CLIENT_CLOSED = "499"  # nginx's code for a client that left before its answer; no response was sent
+# nginx's code for "client closed request": here, any request that ended without an answer (it was
+# cancelled). A client that disconnects while its answer is sent is counted with that answer's code:
+# the server cannot tell.
+NO_ANSWER = "499"
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
@@ -58,46 +64,64 @@ class HttpObserver:
             await self.app(scope, receive, send)
             return
         request_id = request_id_from(scope.get("headers", []))
-        token = REQUEST_ID.set(request_id)
+        # Not reset afterwards: uvicorn runs each request in a task of its own (its own context), and
+        # its "Exception in ASGI application" line, written after we return, should carry the id too.
+        REQUEST_ID.set(request_id)
         started = time.perf_counter()
-        status: int | None = None
+        path = scope.get("path", "")
+        code: str | None = None
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal code
             if message["type"] == "http.response.start":
-                status = message["status"]
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode("latin-1"))]
+                code = str(message["status"])
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
+                # Counted as the answer starts: a scrape made once a client has its answer includes it.
+                self._count(path, code)
             await send(message)
 
-        failed = False
         try:
             await self.app(scope, receive, send_with_id)
-        except BaseException:
-            failed = True  # Starlette's outermost layer turns it into a 500
+        except Exception:
+            if code is None:
+                # Answer the 500 here rather than leave it to Starlette's outer error layer, which
+                # would send it without the id a user needs to report it. That layer sees the
+                # response started and only re-raises, so uvicorn still logs the traceback.
+                await JSONResponse(
+                    {"detail": f"Internal server error; quote request id {request_id} when reporting it."},
+                    status_code=500,
+                )(scope, receive, send_with_id)
             raise
         finally:
-            code = str(status) if status is not None else ("500" if failed else CLIENT_CLOSED)
-            path = scope.get("path", "")
-            if path == self.counted_path:
-                metrics().requests.labels(code=code).inc()
-            level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
-            if access_logger.isEnabledFor(level):
-                duration_ms = (time.perf_counter() - started) * 1e3
-                client = scope.get("client")
-                access_logger.log(
-                    level,
-                    "%s %s %s %.1fms",
-                    scope.get("method", ""),
-                    path,
-                    code,
-                    duration_ms,
-                    extra={
-                        "method": scope.get("method", ""),
-                        "path": path,
-                        "status": int(code),
-                        "duration_ms": round(duration_ms, 2),
-                        "client": f"{client[0]}:{client[1]}" if client else None,
-                    },
-                )
-            REQUEST_ID.reset(token)
+            if code is None:  # cancelled (the client left, or a shutdown's grace ran out): no answer
+                code = NO_ANSWER
+                self._count(path, code)
+            self._log(scope, path, code, started)
+
+    def _count(self, path: str, code: str) -> None:
+        if path == self.counted_path:
+            metrics().requests.labels(code=code).inc()
+
+    @staticmethod
+    def _log(scope: Scope, path: str, code: str, started: float) -> None:
+        level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
+        if not access_logger.isEnabledFor(level):
+            return
+        duration_ms = (time.perf_counter() - started) * 1e3
+        client = scope.get("client")
+        method = scope.get("method", "")
+        access_logger.log(
+            level,
+            "%s %s %s %.1fms",
+            method,
+            path,
+            code,
+            duration_ms,
+            extra={
+                "method": method,
+                "path": path,
+                "status": int(code),
+                "duration_ms": round(duration_ms, 2),
+                "client": f"{client[0]}:{client[1]}" if client else None,
+            },
+        )

@@ -78,6 +78,7 @@ def configure_logging(level: str, log_format: str = "text", stream: TextIO | Non
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # warnings.warn() lines in the same format, not bare on stderr
     adopt_library_loggers()
 
 

@@ -6,7 +6,7 @@ codes in the HTTP processes, batches in the workers, restarts in the main proces
 uses prometheus_client's multiprocess mode: each process writes its values to files in one
 directory and a scrape sums them. The mode is picked when prometheus_client is imported (from
 ``PROMETHEUS_MULTIPROC_DIR``), so this module imports it only inside functions, and the server
-calls ``use_directory`` in the main process before any other process starts. Without it (the
+enters ``multiprocess_mode`` in the main process before any other process starts. Without it (the
 in-process tests) each process counts for itself and ``/metrics`` shows the HTTP process's own.
 
 Values that describe the server now (queue depth, requests in flight, worker states) are read at
@@ -16,10 +16,11 @@ process gives the same answer.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import glob
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -58,28 +59,43 @@ METRIC_NAMES = tuple(
 )
 
 
-def use_directory(path: str | None = None) -> tuple[str, bool]:
-    """Turn on multiprocess mode for this process and every process it starts.
+@contextlib.contextmanager
+def multiprocess_mode() -> Iterator[str]:
+    """Multiprocess mode for this process and every process it starts, while the block runs.
 
-    Takes ``PROMETHEUS_MULTIPROC_DIR`` if set (emptied of old values, as prometheus_client asks),
-    else a new temporary directory. Returns (directory, whether we created it and should remove it).
+    Each server gets a private directory: inside ``PROMETHEUS_MULTIPROC_DIR`` when the operator
+    set one (a tmpfs, say), else in the temp dir; so two servers never sum or delete each other's
+    values. It is removed afterwards and the variable restored. (A server killed with SIGKILL leaves
+    its directory behind: a few 64 KiB files, and nothing reads them again.)
     """
-    path = path or os.environ.get(MULTIPROC_ENV)
-    created = not path
-    if created:
-        path = tempfile.mkdtemp(prefix="vision-serve-metrics-")
-    else:
-        os.makedirs(path, exist_ok=True)
-        for stale in glob.glob(os.path.join(path, "*.db")):  # counts of a previous run would add up
-            os.remove(stale)
+    previous = os.environ.get(MULTIPROC_ENV)
+    if previous:
+        os.makedirs(previous, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="vision-serve-metrics-", dir=previous or None)
     os.environ[MULTIPROC_ENV] = path
+    _reload_value_class()
+    try:
+        # Made now, so the series exist from the start at 0: increase() of a counter whose first
+        # sample is already 1 (a first worker restart) would be 0, and its alert would never fire.
+        metrics()
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = previous
+        _reload_value_class()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _reload_value_class() -> None:
     import prometheus_client.values as values
 
-    # In case prometheus_client was imported before this call (by a library, or a test): the mode
-    # is otherwise fixed at import. Metrics made after this line use the files.
+    # prometheus_client picks in-process or file-backed values when first imported; it may have been
+    # imported before the variable changed (by a library, or a test). Metrics made after this call
+    # use the right kind, and the cache makes the next metrics() call make new ones.
     values.ValueClass = values.get_value_class()
     metrics.cache_clear()
-    return path, created
 
 
 def multiprocess_directory() -> str | None:
@@ -111,7 +127,7 @@ class Metrics:
 
 @functools.cache
 def metrics() -> Metrics:
-    """This process's metric objects, made on first use (after ``use_directory``, in a server)."""
+    """This process's metric objects, made on first use (inside ``multiprocess_mode``, in a server)."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     registry = CollectorRegistry()
@@ -164,6 +180,15 @@ def mark_process_dead(pid: int | None) -> None:
         multiprocess.mark_process_dead(pid, directory)
 
 
+def physical_gpu(index: int, visible_devices: str | None) -> str:
+    """The GPU as nvidia-smi names it: a worker shown one GPU through CUDA_VISIBLE_DEVICES calls it cuda:0."""
+    visible = [d.strip() for d in visible_devices.split(",")] if visible_devices else []
+    if index < len(visible) and visible[index]:
+        name = visible[index]
+        return f"cuda:{name}" if name.isdigit() else name  # an index, or a GPU-... / MIG-... UUID
+    return f"cuda:{index}"
+
+
 def record_gpu_memory(device: Any) -> None:
     """Sample the device's memory into the gauges (a cheap driver call; no-op off the GPU)."""
     if getattr(device, "type", None) != "cuda":
@@ -171,7 +196,7 @@ def record_gpu_memory(device: Any) -> None:
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
-    label = str(device)
+    label = physical_gpu(device.index or 0, os.environ.get("CUDA_VISIBLE_DEVICES"))
     m = metrics()
     m.gpu_memory_used.labels(device=label).set(total - free)
     m.gpu_memory_total.labels(device=label).set(total)

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib import resources
 from multiprocessing import resource_tracker
 
 import litserve as ls
@@ -48,22 +45,18 @@ from service.metrics import (
     exposition,
     mark_process_dead,
     metrics,
+    multiprocess_mode,
     package_version,
-    use_directory,
 )
 from service.predict_endpoint import OPENAPI_EXTRA, PredictEndpoint
 from service.request_parsing import RequestLimits
 from service.settings import ServeSettings
+from service.upload_page import upload_page
 from service.worker_watch import WorkerWatch, restart_dead_workers
 
 logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
-
-
-@functools.cache
-def upload_page_html() -> str:
-    return resources.files("service").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
 class StartupInterrupted(Exception):
@@ -157,9 +150,9 @@ class VisionLitServer(ls.LitServer):
 
     def _register_internal_endpoints(self) -> None:
         @self.app.get("/", include_in_schema=False)
-        async def upload_page() -> HTMLResponse:
+        async def index() -> HTMLResponse:
             """A page to try the model from a browser: pick or drop an image, see the top 5 and the latency."""
-            return HTMLResponse(upload_page_html())
+            return upload_page()
 
         @self.app.get("/health")
         async def health() -> dict:
@@ -416,9 +409,20 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             logger.info("%s received: shutting down.", signal.Signals(signum).name)
         server.request_stop()
 
-    # Before any other process starts: they all record into this directory (service/metrics.py).
-    metrics_dir, remove_metrics_dir = use_directory()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # Entered before any other process starts: they all record into its directory (service/metrics.py).
+    # Left after every child is reaped: their files are no longer written.
+    with multiprocess_mode():
+        try:
+            return _run(server, settings)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            reap_children()
+
+
+def _run(server: VisionLitServer, settings: ServeSettings) -> int:
+    """LitServer.run until it stops; the exit code, with startup failures explained."""
     try:
         server.run(
             host=settings.host,
@@ -442,9 +446,3 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
         # nothing can be served any more.
         logger.error("The server stopped: its multiprocessing manager is gone (%r); see the log above.", exc)
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        reap_children()
-        if remove_metrics_dir:
-            shutil.rmtree(metrics_dir, ignore_errors=True)

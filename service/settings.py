@@ -122,6 +122,7 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, object]
 
 CONFIG_ENV = _defaults.ENV_PREFIX + "CONFIG"
 FIELD_TYPES = {f.name: type(f.default) for f in fields(ServeSettings)}
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
 
 
 def flag(field_name: str) -> str:
@@ -148,9 +149,9 @@ def read_config_file(path: str | os.PathLike) -> dict[str, object]:
         if kind is float and type(value) is int:
             value = float(value)
         if type(value) is not kind:
+            example = toml_value(getattr(ServeSettings(), name)) if name != "api_key" else '"..."'
             raise ValueError(
-                f"Config file {path}: {key} must be a {kind.__name__} (e.g. {key} = {toml_value(kind())}), "
-                f"got {value!r}."
+                f"Config file {path}: {key} must be {TYPE_NAMES[kind]} (e.g. {name} = {example}), got {value!r}."
             )
         values[name] = value
     return values
@@ -181,7 +182,15 @@ def resolve_settings(
         for name, value in layer.items():
             values[name] = value
             sources[name] = label or (f"env {env_var(name)}" if layer_index == 1 else f"flag {flag(name)}")
-    return ResolvedSettings(ServeSettings(**values), sources)
+    try:
+        settings = ServeSettings(**values)
+    except ValueError as exc:
+        # The checks name the flag; say where a value that is not a flag came from.
+        from_elsewhere = sorted({s for s in sources.values() if s != "default" and not s.startswith("flag")})
+        if from_elsewhere:
+            raise ValueError(f"{exc} (values set by: {', '.join(from_elsewhere)})") from None
+        raise
+    return ResolvedSettings(settings, sources)
 
 
 def toml_value(value: object) -> str:

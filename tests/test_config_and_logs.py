@@ -12,6 +12,7 @@ import re
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
@@ -49,10 +50,12 @@ def test_the_config_file_can_come_from_the_environment(tmp_path) -> None:
     ("text", "message"),
     [
         ("max_batchsize = 8\n", "Did you mean max_batch_size?"),
-        ('port = "9000"\n', "port must be a int (e.g. port = 0)"),
-        ("max_batch_size = 8.5\n", "max_batch_size must be a int"),
+        ('port = "9000"\n', "port must be an integer (e.g. port = 8000), got '9000'"),
+        ("max_batch_size = 8.5\n", "max_batch_size must be an integer"),
+        ("log-format = 1\n", 'log-format must be a string (e.g. log_format = "text")'),
         ("port = \n", "not a readable TOML file"),
-        ("max_batch_size = 0\n", "--max-batch-size must be >= 1"),  # the settings' own checks still apply
+        # The settings' own checks still apply, and say where the value came from.
+        ("max_batch_size = 0\n", "got 0. (values set by: config file"),
     ],
 )
 def test_config_file_mistakes_are_explained(tmp_path, text: str, message: str) -> None:
@@ -135,37 +138,67 @@ def test_client_request_ids_are_kept_only_when_safe(sent: str, kept: bool) -> No
     assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", chosen)
 
 
+def count(code: str) -> float:
+    return metrics().registry.get_sample_value("vision_serve_requests_total", {"code": code}) or 0.0
+
+
 def test_middleware_returns_the_id_logs_the_request_and_counts_only_the_predict_route() -> None:
     async def predict(request):
+        if request.query_params.get("crash"):
+            raise RuntimeError("a bug")
         return JSONResponse({"detail": "nope"}, status_code=415)
 
     async def other(request):
         return PlainTextResponse("ok")
 
-    app = HttpObserver(Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/x", other)]), "/predict")
-
-    def count_415() -> float:
-        return metrics().registry.get_sample_value("vision_serve_requests_total", {"code": "415"}) or 0.0
-
-    before = count_415()
+    # As in the server: our middleware inside Starlette's outermost error layer.
+    app = Starlette(
+        routes=[Route("/predict", predict, methods=["POST"]), Route("/x", other)],
+        middleware=[Middleware(HttpObserver, counted_path="/predict")],
+    )
+    before = {code: count(code) for code in ("415", "500")}
 
     async def go() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=app, client=("10.0.0.7", 5555))
+        transport = httpx.ASGITransport(app=app, client=("10.0.0.7", 5555), raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             return [
                 await client.post("/predict", headers={"X-Request-ID": "mine-1"}),
                 await client.get("/x"),
+                await client.post("/predict?crash=1", headers={"X-Request-ID": "crash-1"}),
             ]
 
     responses: list[httpx.Response] = []
     logs = capture_json_logs(lambda: responses.extend(asyncio.run(go())))
-    predict_response, other_response = responses
+    predict_response, other_response, crashed = responses
     assert predict_response.status_code == 415 and predict_response.headers["X-Request-ID"] == "mine-1"
     assert re.fullmatch(r"[0-9a-f]{32}", other_response.headers["X-Request-ID"])
-    assert count_415() == before + 1  # /x is not counted
+    # A bug still answers JSON with the id, for the user to quote.
+    assert crashed.status_code == 500 and crashed.headers["X-Request-ID"] == "crash-1"
+    assert "crash-1" in crashed.json()["detail"]
+    assert count("415") == before["415"] + 1 and count("500") == before["500"] + 1  # /x is not counted
     access = [entry for entry in logs if entry["logger"] == "service.access"]
     assert [(e["path"], e["status"], e["request_id"]) for e in access] == [
         ("/predict", 415, "mine-1"),
         ("/x", 200, other_response.headers["X-Request-ID"]),
+        ("/predict", 500, "crash-1"),
     ]
     assert access[0]["client"] == "10.0.0.7:5555" and access[0]["duration_ms"] >= 0
+
+
+def test_a_request_cancelled_before_its_answer_is_counted_as_499() -> None:
+    async def never_answers(scope, receive, send):
+        await asyncio.sleep(3600)
+
+    observer = HttpObserver(never_answers, "/predict")
+    before = count("499")
+
+    async def go() -> None:
+        scope = {"type": "http", "method": "POST", "path": "/predict", "headers": []}
+        task = asyncio.create_task(observer(scope, None, None))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert count("499") == before + 1

@@ -39,9 +39,11 @@ K8S_VERSIONS = ("1.30", "1.33")
 NON_SETTING_ENV = {CONFIG_ENV, "VISION_SERVE_COMPILE_ARGS"}
 IMAGE_UID = 10001  # the non-root user of Dockerfile.gpu's image
 
-# A first start compiles the TensorRT artifact (several minutes) and then loads and warms the model;
-# the startup probe must wait at least this long before the kubelet restarts the container.
-FIRST_START_BUDGET_S = 600
+# A first start compiles the TensorRT artifact (several minutes, more on a small GPU or behind another
+# pod's compile) and then loads and warms the model; the startup probe must wait at least this long
+# (the image's HEALTHCHECK start period) before the kubelet restarts the container, or a slow compile,
+# cut short and restarted from zero, would loop forever.
+FIRST_START_BUDGET_S = 1800
 # A pod whose worker is restarting must leave the Service within this many seconds.
 READINESS_REACTION_MAX_S = 10
 # Liveness must not restart a busy server that answers slowly for a moment.

@@ -50,7 +50,7 @@ def browser():
 def page(browser, server):
     context = browser.new_context()
     opened = context.new_page()
-    opened.goto(f"{server.url}/")
+    opened.main_response = opened.goto(f"{server.url}/")
     yield opened
     context.close()
 
@@ -126,3 +126,10 @@ def test_a_file_that_is_not_an_image_shows_the_servers_explanation(page, tmp_pat
     message = page.inner_text("#error")
     assert message.startswith("HTTP 415") and "image" in message
     assert not page.is_visible("#result")
+
+
+def test_the_page_may_load_nothing_from_elsewhere_nor_be_framed(page) -> None:
+    """It can hold an API key: its Content-Security-Policy (which the tests above run under) says so."""
+    policy = page.main_response.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy

@@ -6,6 +6,8 @@
 #
 # Environment (read here; vision-serve reads its own VISION_SERVE_* settings):
 #   VISION_SERVE_ARTIFACT      the artifact folder vision-serve serves; when set, compile-trt compiles into it first
+#                              (only this variable is read here: an artifact named by --artifact or in a
+#                              --config file is served as it is, not compiled)
 #   VISION_SERVE_COMPILE_ARGS  compile-trt's flags, split on whitespace (no quoting), e.g.
 #                              "--model resnet152 --backend tensorrt --precision fp16 --batch 1,16,32"
 #   VISION_SERVE_COMPILE       1 (default): run compile-trt before serving; 0: serve the artifact as it is
@@ -33,14 +35,20 @@ compile_artifact() {
 			"an artifact as it is."
 		return 1
 	fi
+	# Split on any whitespace, newlines included (a YAML block value spans lines); no globbing.
 	local -a args=()
-	read -r -a args <<<"${VISION_SERVE_COMPILE_ARGS:-}"
+	set -f
+	# shellcheck disable=SC2206
+	args=(${VISION_SERVE_COMPILE_ARGS:-})
+	set +f
 	log "compile-trt ${args[*]} --output ${artifact} (a cache hit when the artifact is up to date)"
 	# In the background with a trap, so that `docker stop` during a compile of several minutes stops
-	# it at once: bash runs a trap only after its foreground child exits.
+	# it at once: bash runs a trap only after its foreground child exits. The trap is set first, so
+	# a signal that arrives just as the child starts is not lost.
+	local child=""
+	trap 'if [[ -n $child ]]; then kill -TERM "$child" 2>/dev/null || true; else exit 143; fi' TERM INT
 	compile-trt "${args[@]}" --output "$artifact" &
-	local child=$!
-	trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
+	child=$!
 	status=0
 	wait "$child" || status=$?
 	# wait returns early (>128) when the trap ran; wait again for compile-trt's own exit status.
