@@ -130,5 +130,7 @@ class PredictEndpoint:
         response, status = item.response
         if status == LitAPIStatus.ERROR:
             RegularRequestHandler._handle_error_response(response)  # raises the HTTPException or a 500
+        # The worker's stages (service/api.py), recorded here to keep that work off its loop.
+        metrics().observe_stages(getattr(response, "stage_timings_ms", {}))
         add_server_timing(response, "total", total_ms)
         return response

@@ -321,3 +321,13 @@ def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
     assert "| preprocess | 5 | failed: x |" in md
     for name in ("gpu_suite-throughput.png", "gpu_suite-latency-cdf.png", "gpu_suite-batch-sizes.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG") and f"![{name}]({name})" in md
+
+
+def test_metrics_overhead_benchmark_measures_and_saves(tmp_path, capsys) -> None:
+    from benchmarks import metrics_overhead
+
+    assert metrics_overhead.main(["--calls", "50", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "metrics_overhead.json").read_text())
+    assert record["record_per_request_us"] > 0 and record["scrape_ms_7_processes"] > 0
+    assert record["scrape_bytes"] > 1000  # the scrape read what the spawned processes recorded
+    assert "one scrape, files of 7 processes" in capsys.readouterr().out
