@@ -34,7 +34,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-REQUEST_ID_HEADER = "X-Request-ID"
 # What we accept from a client as its request id: it goes into logs and a response header as is.
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})

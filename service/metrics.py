@@ -36,7 +36,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds, 0.5 ms (a GPU batch stage) to 30 s (the default deadline): a 1-2-5 series.
 DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-STAGES = ("queue", "preprocess", "inference", "postprocess", "total")
 
 # Every metric the server exports (histograms add _bucket, _sum and _count series; counters _total).
 METRIC_NAMES = tuple(

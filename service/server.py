@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import multiprocessing
 import os
@@ -170,7 +171,7 @@ class VisionLitServer(ls.LitServer):
         @self.app.get("/metrics", include_in_schema=False)
         def prometheus_metrics() -> Response:
             """Prometheus text format; a plain def, so FastAPI runs the file reads in its thread pool."""
-            return Response(exposition(self.live_metrics()), media_type=METRICS_CONTENT_TYPE)
+            return Response(exposition(self.live_metrics), media_type=METRICS_CONTENT_TYPE)
 
         @self.app.get("/info", dependencies=self.auth_dependencies)
         async def info() -> dict:
@@ -189,16 +190,17 @@ class VisionLitServer(ls.LitServer):
                 },
             }
 
+    @functools.cached_property
     def live_metrics(self) -> LiveStateCollector:
+        """Made once per HTTP process, on its first scrape: its readers fetch the changing values."""
         api_path = self.litapi_connector.lit_apis[0].api_path
         metadata = self.model_metadata or {}
-        watch = self.worker_watch
         return LiveStateCollector(
             LiveState(
                 queue_depth=lambda: self._get_request_queue(api_path).qsize(),
                 in_flight=lambda: self.admission.admitted,
                 in_flight_limit=self.settings.max_queue,
-                worker_states=lambda: watch.states if watch is not None else {},
+                worker_states=lambda: self.worker_watch.states if self.worker_watch is not None else {},
                 build_info={
                     "version": package_version(),
                     "model": str(metadata.get("model", "")),

@@ -173,15 +173,15 @@ def resolve_settings(
     config_path = config_path or environ.get(CONFIG_ENV) or None
     values: dict[str, object] = {}
     sources = {name: "default" for name in FIELD_TYPES}
-    layers = [
-        (read_config_file(config_path) if config_path else {}, f"config file {config_path}"),
-        (env_overrides(environ), None),
-        ({k: v for k, v in flags.items() if v is not None}, None),
+    layers = [  # lowest precedence first, each with how to name where its values came from
+        (read_config_file(config_path) if config_path else {}, lambda name: f"config file {config_path}"),
+        (env_overrides(environ), lambda name: f"env {env_var(name)}"),
+        ({k: v for k, v in flags.items() if v is not None}, lambda name: f"flag {flag(name)}"),
     ]
-    for layer_index, (layer, label) in enumerate(layers):
+    for layer, source in layers:
         for name, value in layer.items():
             values[name] = value
-            sources[name] = label or (f"env {env_var(name)}" if layer_index == 1 else f"flag {flag(name)}")
+            sources[name] = source(name)
     try:
         settings = ServeSettings(**values)
     except ValueError as exc:
