@@ -11,8 +11,11 @@ with the reason, and the rest go on):
 3. preprocessing micro-benchmark: ``benchmarks.preprocess_throughput --device cuda``;
 4. concurrency sweep of vision-serve (compiled engine, GPU preprocessing: ``--preprocess auto``);
 5. Poisson arrivals at 50 % and 90 % of the sweep's best throughput;
-6. the baseline server: eager fp32 with Pillow preprocessing (``--preprocess pil``), same sweep.
-Load comes from several client processes (``--client-processes``) so the client is not the bottleneck.
+6. the baseline server: eager fp32 with Pillow preprocessing (``--preprocess pil``), same sweep;
+7. the client's own ceiling: the same sweep against a no-op endpoint (``benchmarks.noop_server``).
+Load comes from several client processes (``--client-processes``); step 7 shows whether they were
+the bottleneck. ``--steps`` runs some steps only; a record already in the output folder is kept and
+added to, so the suite can be split over several shorter runs (a GPU machine's per-command limit).
 Writes ``gpu_suite.json``, ``gpu_suite.md`` and plots under benchmarks/results/<gpu>-<date>/.
 """
 
@@ -33,6 +36,7 @@ from benchmarks import plots
 from benchmarks.ceiling import load_served, measure_ceiling
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.loadgen import LoadSpec, run_load
+from benchmarks.noop_server import noop_server
 from benchmarks.suite import (
     DEFAULT_WORK_DIR,
     ServerConfig,
@@ -52,6 +56,8 @@ QUICK_CONCURRENCIES = (1, 64)
 SECONDS_PER_RUN = 15.0  # each sweep point and Poisson run: as many requests as fit, bounded by time
 POISSON_FRACTIONS = (0.5, 0.9)
 SERVER_PARTS = ("queue", "preprocess", "inference")
+STEPS = ("compile", "ceiling", "preprocess", "serve", "client")
+NOOP_SERVER_WORKERS = 4
 
 
 def _step(record: dict, name: str, fn: Callable[[], object], out: Path | None = None) -> object:
@@ -83,6 +89,10 @@ def _sweep(url: str, images: list[bytes], concurrencies: tuple[int, ...], proces
         runs[c] = run_record(run_load(url, images, spec, processes=min(processes, c)))
         logger.info("c=%d: %.1f img/s, p50 %.1f ms", c, runs[c]["throughput_rps"], runs[c]["latency_ms"]["p50"])
     return runs
+
+
+def _int_keys(runs: dict) -> dict[int, dict]:
+    return {int(c): r for c, r in runs.items()}
 
 
 def report(record: dict, out: Path, model: str, top_concurrency: int) -> str:
@@ -120,6 +130,10 @@ def report(record: dict, out: Path, model: str, top_concurrency: int) -> str:
                     parts,
                 ]
             )
+    for c, r in (record.get("client_ceiling") or {}).items():
+        latency = r["latency_ms"]
+        rows.append(["client ceiling: no-op server", c, f"{r['throughput_rps']:.1f}", f"{latency['p50']:.1f}",
+                     f"{latency['p99']:.1f}", "", ""])  # fmt: skip
     header = ["server", "conc.", "img/s", "p50 ms", "p99 ms", "mean batch", " / ".join(SERVER_PARTS) + " ms"]
     steps = [[name, f"{step['seconds']:.0f}", step["status"]] for name, step in record["steps"].items()]
     md = f"# GPU suite: {model} on {gpu}\n\n" + markdown_table(header, rows)
@@ -137,7 +151,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK_DIR / "gpu")
     parser.add_argument("--output-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="two concurrencies, one Poisson rate")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated of {', '.join(STEPS)}")
     args = parser.parse_args()
+    steps = set(args.steps.split(","))
+    if not steps <= set(STEPS):
+        parser.error(f"--steps: unknown {sorted(steps - set(STEPS))}; choose from {', '.join(STEPS)}.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     if not torch.cuda.is_available():
@@ -146,6 +164,13 @@ def main() -> None:
     out = results_dir(args.output_dir, device)
     concurrencies = QUICK_CONCURRENCIES if args.quick else CONCURRENCIES
     record: dict = {"machine": machine_record(device), "steps": {}, "model": args.model, "precision": args.precision}
+    previous = out / "gpu_suite.partial.json"
+    if previous.exists():  # an earlier part of the same suite, in the same folder: add to it
+        record = {**json.loads(previous.read_text()), "machine": record["machine"]}
+        # JSON made the concurrency keys strings; the report sorts and plots them as numbers.
+        record["sweeps"] = {label: _int_keys(sweep) for label, sweep in record.get("sweeps", {}).items()}
+        if record.get("client_ceiling"):
+            record["client_ceiling"] = _int_keys(record["client_ceiling"])
     inputs = prepare_inputs(args.model, args.work, args.weights)
     images = inputs.images
 
@@ -160,7 +185,8 @@ def main() -> None:
         }
         return artifact
 
-    artifact = _step(record, "compile", compile_step, out)
+    # Later steps need the artifact: compile_artifact is a cache hit when an earlier run built it.
+    artifact = _step(record, "compile", compile_step, out) if steps & {"compile", "ceiling", "serve"} else None
     if artifact is not None:
         inputs.artifacts[args.precision] = artifact
 
@@ -175,7 +201,8 @@ def main() -> None:
             torch.cuda.empty_cache()
         return found
 
-    record["ceiling"] = _step(record, "ceiling", ceiling_step, out)
+    if "ceiling" in steps:
+        record["ceiling"] = _step(record, "ceiling", ceiling_step, out)
     preprocess_dir = out / "preprocess"
     command = [
         sys.executable,
@@ -188,7 +215,8 @@ def main() -> None:
         "--output",
         str(preprocess_dir),
     ]
-    _step(record, "preprocess", lambda: subprocess.run(command, check=True, timeout=180), out)
+    if "preprocess" in steps:
+        _step(record, "preprocess", lambda: subprocess.run(command, check=True, timeout=300), out)
 
     configs = {
         "baseline: eager fp32 + Pillow": ServerConfig(
@@ -201,8 +229,9 @@ def main() -> None:
             label: ServerConfig("compiled", args.device, args.precision, compiled=True, max_batch_size=GPU_MAX_BATCH),
             **configs,
         }
-    record["sweeps"], record["poisson"] = {}, {}
-    for label, config in configs.items():
+    record.setdefault("sweeps", {})
+    record.setdefault("poisson", {})
+    for label, config in configs.items() if "serve" in steps else ():
 
         def serve_step(label: str = label, config: ServerConfig = config) -> None:
             with vision_serve(config, inputs) as url:
@@ -223,6 +252,13 @@ def main() -> None:
                     record["poisson"].setdefault(label, {})[name] = run_record(result)
 
         _step(record, f"serve {config.label}", serve_step, out)
+
+    def client_step() -> dict[int, dict]:
+        with noop_server(NOOP_SERVER_WORKERS) as url:
+            return _sweep(url, images, concurrencies, args.client_processes)
+
+    if "client" in steps:
+        record["client_ceiling"] = _step(record, "client ceiling", client_step, out)
 
     md = report(record, out, args.model, max(concurrencies))
     write_results(out, "gpu_suite", record, md, text_suffix=".md")

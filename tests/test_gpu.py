@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 import torch
@@ -12,6 +14,7 @@ from preprocessing.pil_backend import PilPreprocessor
 from service.client import VisionClient
 from service.process import ServerProcess
 from tests.conftest import CAT_LABELS
+from tests.test_preprocess_serving import check_batch_of_8_with_2_corrupt
 
 pytestmark = pytest.mark.gpu
 
@@ -42,23 +45,44 @@ def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) ->
     assert used.labels == {"device": "cuda:0"} and 0 < used.value < total.value  # the model is on it
 
 
-def compile_and_serve(tmp_path, chelsea_jpeg: bytes, backend: str, precision: str) -> None:
+def compile_lite0(output: Path, backend: str, precision: str) -> Path:
     from compile.cli import main as compile_main
 
-    artifact = tmp_path / f"lite0-{backend}-{precision}"
     args = ["--model", "efficientnet-lite0", "--device", "cuda:0", "--backend", backend, "--precision", precision]
-    assert compile_main([*args, "--output", str(artifact)]) == 0
-    with ServerProcess(["--artifact", str(artifact)], log_path=tmp_path / "server.log") as server:
+    assert compile_main([*args, "--output", str(output)]) == 0
+    return output
+
+
+def serve_and_classify(artifact: Path, log_path: Path, chelsea_jpeg: bytes, engine: str) -> None:
+    with ServerProcess(["--artifact", str(artifact)], log_path=log_path) as server:
         with VisionClient(server.url) as client:
             result = client.classify(chelsea_jpeg)
         info = httpx.get(f"{server.url}/info").json()["model"]
-    assert result.top1.label in CAT_LABELS and result.engine == f"{backend}-{precision}"
+    assert result.top1.label in CAT_LABELS and result.engine == engine
     assert info["artifact"]["device"]["type"] == "cuda"
 
 
+@pytest.fixture(scope="module")
+def lite0_inductor_fp16(tmp_path_factory) -> Path:
+    """One AOTInductor fp16 build of Lite0 on cuda:0 for the tests below (a compile takes a minute)."""
+    return compile_lite0(tmp_path_factory.mktemp("artifacts") / "lite0-inductor-fp16", "inductor", "fp16")
+
+
 @pytest.mark.slow
-def test_inductor_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, chelsea_jpeg: bytes) -> None:
-    compile_and_serve(tmp_path, chelsea_jpeg, "inductor", "fp16")
+def test_inductor_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, lite0_inductor_fp16, chelsea_jpeg) -> None:
+    serve_and_classify(lite0_inductor_fp16, tmp_path / "server.log", chelsea_jpeg, "inductor-fp16")
+
+
+@pytest.mark.slow
+def test_inductor_fp16_artifact_with_nvjpeg_decoding_isolates_bad_images_in_a_batch(tmp_path, lite0_inductor_fp16):
+    """The GPU path end to end: batched nvJPEG decode (``--preprocess torch``) feeding the fp16 engine,
+    one batch of 8 with 2 corrupt images: the 6 good ones get correct top-5, the 2 bad ones a 400."""
+    args = ["--artifact", str(lite0_inductor_fp16), "--preprocess", "torch",
+            "--max-batch-size", "8", "--batch-timeout-ms", "2000"]  # fmt: skip
+    with ServerProcess(args, log_path=tmp_path / "server.log") as server:
+        check_batch_of_8_with_2_corrupt(server, "torch + inductor-fp16")
+        metadata = httpx.get(f"{server.url}/info", timeout=10).json()["model"]
+    assert metadata["preprocess"] == "torch" and metadata["artifact"]["device"]["type"] == "cuda"
 
 
 @pytest.mark.slow
@@ -67,4 +91,5 @@ def test_tensorrt_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, chelsea
 
     if not torch_tensorrt_status()[0]:
         pytest.skip("torch_tensorrt is not installed (it ships in the Dockerfile.gpu image)")
-    compile_and_serve(tmp_path, chelsea_jpeg, "tensorrt", "fp16")
+    artifact = compile_lite0(tmp_path / "lite0-tensorrt-fp16", "tensorrt", "fp16")
+    serve_and_classify(artifact, tmp_path / "server.log", chelsea_jpeg, "tensorrt-fp16")

@@ -35,8 +35,8 @@ def post_concurrently(url: str, images: list[bytes]) -> list[httpx.Response]:
         return list(pool.map(lambda data: client.post("/predict", content=data), images))
 
 
-def test_batch_of_8_with_2_corrupt_answers_6_top5_and_2_errors(served) -> None:
-    name, server = served
+def check_batch_of_8_with_2_corrupt(server: ServerProcess, name: str) -> None:
+    """8 concurrent requests that form one batch, 2 of them corrupt: 6 top-5 answers and 2 clear 400s."""
     chelsea, coffee = encode(sample_array("chelsea"), quality=90), encode(sample_array("coffee"), quality=90)
     corrupt = {
         1: corrupt_huffman_table(chelsea),  # header parses, pixel decode fails (on the device path too)
@@ -57,6 +57,11 @@ def test_batch_of_8_with_2_corrupt_answers_6_top5_and_2_errors(served) -> None:
         assert len(body["predictions"]) == 5
         top1 = body["predictions"][0]["label"]
         assert top1 in CAT_LABELS if data == chelsea else top1 == "espresso"
+
+
+def test_batch_of_8_with_2_corrupt_answers_6_top5_and_2_errors(served) -> None:
+    name, server = served
+    check_batch_of_8_with_2_corrupt(server, name)
 
 
 def test_info_reports_the_backend(served) -> None:
