@@ -8,7 +8,11 @@
 #   bash benchmarks/gpu_session.sh dali      # DALI: tests, parity, preprocessing throughput
 #   bash benchmarks/gpu_session.sh receive   # only take this run's share of the carried packs
 #
-# Carried (ignored, named in each run's carry): .carry/core/*.whl (installed with --no-deps into
+# Order used on 2026-11-22 (H100; results/nvidia-h100-80gb-hbm3-2026-11-22): core with .carry/core and
+# .carry/01, then a phase per run with .carry/02 .. .carry/05 (cvcuda from the third run, dali from
+# the fifth). Keep the runs back to back: the machine and its /tmp go back 30 s after a run.
+#
+# Carried (ignored; made by benchmarks/gpu_pack.sh; named in each run's carry): .carry/core/*.whl (installed with --no-deps into
 # /tmp/site, next to the machine's own torch), and .carry/NN/chunk.* parts of one byte stream that
 # holds packs/cv.tar.xz then packs/dali.tar.xz (sizes and sha256 in .carry/NN/stream.txt). Each
 # run appends its chunks to /tmp/wh/stream and unpacks a pack once it is complete.

@@ -113,6 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def entry(argv: Sequence[str] | None = None) -> int:
+    """The ``compile-trt`` command: ``main``, in a process that preloads the C++ compiler's libstdc++
+    when it compiles for a GPU (its accuracy gate loads the package here; see compile/libstdcxx.py)."""
+    from compile.libstdcxx import restart_with_preload
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known, _ = build_parser().parse_known_args(argv)
+    restart_with_preload(known.device or "auto", ["-m", "compile.cli", *argv])
+    return main(argv)
+
+
 def _summary(validation: dict) -> str:
     lines = [f"  {name:<22} {value:.6g}" for name, value in validation.get("metrics", {}).items()]
     lines += [
@@ -123,4 +134,4 @@ def _summary(validation: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -107,7 +107,23 @@ def _load_random(entry: ModelEntry, seed: int) -> LoadedModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_architecture(entry)
+    zero_init_residual_branches(model)
     return LoadedModel(model, f"random(seed={seed})", None)
+
+
+def zero_init_residual_branches(model: nn.Module) -> None:
+    """torchvision's ``zero_init_residual`` for ResNets: the last batch norm of each residual branch
+    starts at 0, so every block starts as the identity. Without it a random ResNet-152's activations
+    grow through its 50 blocks to ~7e8, past fp16's 65504: its fp16 engine gave NaN logits and failed
+    the accuracy gate on an H100 (measured 2026-11-22). The convolutions still all run, so speed
+    is that of the trained model."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    for module in model.modules():
+        if isinstance(module, Bottleneck):
+            nn.init.zeros_(module.bn3.weight)
+        elif isinstance(module, BasicBlock):
+            nn.init.zeros_(module.bn2.weight)
 
 
 def _load_file(entry: ModelEntry, path: Path) -> LoadedModel:

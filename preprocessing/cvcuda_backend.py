@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem, DeviceItemsFailed
-from preprocessing.geometry import plan_crop
+from preprocessing.geometry import orient, stored_resize_and_crop
 from preprocessing.spec import PreprocessSpec
 
 # crop_flip_normalize_reformat flips with codes 0, 1 and -1; any other code means "no flip".
@@ -51,9 +51,12 @@ class CvcudaPreprocessor(DeviceDecodePreprocessor):
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         self._decoder = nvimgcodec.Decoder(device_id=index)
-        # EXIF orientation applied by the decoder; grayscale comes out as 3 equal channels.
+        # Decoded as stored, not EXIF-rotated: nvImageCodec reads orientation tags Pillow ignores
+        # (a BYTE or ASCII "6": measured on an H100, the crop came out rotated), so the crop is cut
+        # in stored coordinates and turned upright with the header probe's orientation, as in the
+        # dali backend. Grayscale comes out as 3 equal channels.
         self._decode_params = nvimgcodec.DecodeParams(
-            apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
+            apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
         )
         interp = {"bilinear": cvcuda.Interp.LINEAR, "bicubic": cvcuda.Interp.CUBIC, "nearest": cvcuda.Interp.NEAREST}
         self._interp = interp[spec.interpolation]
@@ -76,20 +79,23 @@ class CvcudaPreprocessor(DeviceDecodePreprocessor):
         if failed:  # nvImageCodec reports failures per item instead of raising
             raise DeviceItemsFailed(failed)
 
-        # Geometry from the decoded (EXIF-rotated) images themselves: HWC shapes.
-        plans = [plan_crop(image.shape[1], image.shape[0], self.spec) for image in images]
+        # Geometry from the probe (the displayed image's plan), mapped to stored coordinates: the
+        # resize swaps its sides where the orientation transposes, and the crop box moves with it.
+        crop = self.spec.crop_size
+        sizes, boxes = [], []
+        for item in items:
+            (width, height), (left, top) = stored_resize_and_crop(item.plan, item.probe.orientation)
+            sizes.append((height, width))
+            boxes.append([left, top, crop, crop])  # [x, y, width, height]
         batch = cvcuda.as_images(images, format=cvcuda.Format.RGB8)
         resized = cvcuda.hq_resize(
             batch,
-            [(plan.resized[1], plan.resized[0]) for plan in plans],  # (H, W) per image
+            sizes,
             antialias=self.spec.interpolation != "nearest",
             interpolation=self._interp,
             stream=stream,
         )
-        crop = self.spec.crop_size
-        rects = torch.tensor(
-            [[plan.box[0], plan.box[1], crop, crop] for plan in plans], dtype=torch.int32, device=self.device
-        ).view(-1, 1, 1, 4)  # [x, y, width, height] per image
+        rects = torch.tensor(boxes, dtype=torch.int32, device=self.device).view(-1, 1, 1, 4)
         flips = torch.full((len(items), 1), _NO_FLIP, dtype=torch.int32, device=self.device)
         out = cvcuda.crop_flip_normalize_reformat(
             resized,
@@ -103,4 +109,7 @@ class CvcudaPreprocessor(DeviceDecodePreprocessor):
             flags=0,
             stream=stream,
         )
-        return torch.as_tensor(out.cuda(), device=self.device)
+        rows = torch.as_tensor(out.cuda(), device=self.device)
+        if all(item.probe.orientation == 1 for item in items):
+            return rows
+        return torch.stack([orient(row, item.probe.orientation) for row, item in zip(rows, items, strict=True)])

@@ -67,6 +67,19 @@ def stored_box(
     return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
 
 
+TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})  # displayed = stored with width and height swapped
+
+
+def stored_resize_and_crop(plan: CropPlan, orientation: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``plan`` (made for the displayed image) for the stored, not yet EXIF-rotated one:
+    ``((width, height), (left, top))`` to resize the stored image to and to crop at; ``orient``
+    turns the crop upright, with the same pixels as resizing and cropping the displayed image."""
+    width, height = plan.resized
+    left, top, _, _ = stored_box(plan.box, orientation, width, height)
+    size = (height, width) if orientation in TRANSPOSING_ORIENTATIONS else (width, height)
+    return size, (round(left), round(top))
+
+
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     """A CHW image as it is displayed under EXIF ``orientation`` (1..8), as Pillow's exif_transpose does."""
     height_width = (1, 2)

@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = build_server(settings)
     except ValueError as exc:
         parser.error(str(exc))
+    from compile.libstdcxx import preload_for_children
+
+    preload_for_children(settings.device)  # AOTInductor CUDA packages, loaded by the spawned workers
     return serve(settings, server)
 
 

@@ -87,6 +87,13 @@ def resolve_device(
     return "cuda", 1, {"CUDA_VISIBLE_DEVICES": visible}
 
 
+def device_names(devices: list) -> list[str]:
+    """LitServe's per-worker device groups (``[["cuda:0"]]``, measured on an H100) as a flat list
+    of device names, each once, in order."""
+    flat = [d for group in devices for d in (group if isinstance(group, list | tuple) else [group])]
+    return list(dict.fromkeys(str(d) for d in flat))
+
+
 class VisionLitServer(ls.LitServer):
     """LitServer with vision-serve's request path, probes, auth and worker recovery.
 
@@ -179,7 +186,7 @@ class VisionLitServer(ls.LitServer):
             return {
                 "model": self.model_metadata,
                 "server": {
-                    "devices": self.devices,
+                    "devices": device_names(self.devices),
                     "workers_per_device": self.workers_per_device,
                     "max_queue": settings.max_queue,
                     "queued": self.admission.admitted,

