@@ -107,8 +107,8 @@ case "$phase" in
     wait_for_compile 120
     ;;
   suite)
-    wait_for_compile 240
-    timeout 540 python3 -m benchmarks.gpu_suite --steps ceiling,serve,client --output-dir "$results" 2>&1 \
+    wait_for_compile 240  # if it is still running, the suite's compile waits on its lock
+    timeout 540 python3 -m benchmarks.gpu_suite --resume --steps ceiling,serve,client --output-dir "$results" 2>&1 \
       | grep -v "httpx" | tail -60
     ;;
   cvcuda)

@@ -14,8 +14,8 @@ with the reason, and the rest go on):
 6. the baseline server: eager fp32 with Pillow preprocessing (``--preprocess pil``), same sweep;
 7. the client's own ceiling: the same sweep against a no-op endpoint (``benchmarks.noop_server``).
 Load comes from several client processes (``--client-processes``); step 7 shows whether they were
-the bottleneck. ``--steps`` runs some steps only; a record already in the output folder is kept and
-added to, so the suite can be split over several shorter runs (a GPU machine's per-command limit).
+the bottleneck. ``--steps`` runs some steps only, and ``--resume`` adds to the partial record already in the output
+folder, so the suite can be split over several shorter runs (a GPU machine's per-command limit).
 Writes ``gpu_suite.json``, ``gpu_suite.md`` and plots under benchmarks/results/<gpu>-<date>/.
 """
 
@@ -47,6 +47,7 @@ from benchmarks.suite import (
     run_record,
     vision_serve,
 )
+from compile.libstdcxx import restart_with_preload
 from compile.manifest import read_manifest
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,9 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="two concurrencies, one Poisson rate")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated of {', '.join(STEPS)}")
+    parser.add_argument("--resume", action="store_true", help="add to the partial record in the output folder")
     args = parser.parse_args()
+    restart_with_preload(args.device)  # the ceiling step loads the AOTInductor package here
     steps = set(args.steps.split(","))
     if not steps <= set(STEPS):
         parser.error(f"--steps: unknown {sorted(steps - set(STEPS))}; choose from {', '.join(STEPS)}.")
@@ -168,8 +171,11 @@ def main() -> None:
     concurrencies = QUICK_CONCURRENCIES if args.quick else CONCURRENCIES
     record: dict = {"machine": machine_record(device), "steps": {}, "model": args.model, "precision": args.precision}
     previous = out / "gpu_suite.partial.json"
-    if previous.exists():  # an earlier part of the same suite, in the same folder: add to it
-        record = {**json.loads(previous.read_text()), "machine": record["machine"]}
+    if args.resume and previous.exists():  # an earlier part of the same suite: add to it
+        saved = json.loads(previous.read_text())
+        if (saved.get("model"), saved.get("precision")) != (args.model, args.precision):
+            parser.error(f"--resume: {previous} is for {saved.get('model')} {saved.get('precision')}.")
+        record = {**saved, "machine": record["machine"]}
         # JSON made the concurrency keys strings; the report sorts and plots them as numbers.
         record["sweeps"] = {label: _int_keys(sweep) for label, sweep in record.get("sweeps", {}).items()}
         if record.get("client_ceiling"):
@@ -205,7 +211,8 @@ def main() -> None:
         return found
 
     if "ceiling" in steps:
-        record["ceiling"] = _step(record, "ceiling", ceiling_step, out)
+        found = _step(record, "ceiling", ceiling_step, out)
+        record["ceiling"] = found or record.get("ceiling")  # a failed rerun keeps what an earlier run measured
     preprocess_dir = out / "preprocess"
     command = [
         sys.executable,
@@ -261,7 +268,8 @@ def main() -> None:
             return _sweep(url, images, concurrencies, args.client_processes)
 
     if "client" in steps:
-        record["client_ceiling"] = _step(record, "client ceiling", client_step, out)
+        found = _step(record, "client ceiling", client_step, out)
+        record["client_ceiling"] = found or record.get("client_ceiling")
 
     md = report(record, out, args.model, max(concurrencies))
     write_results(out, "gpu_suite", record, md, text_suffix=".md")

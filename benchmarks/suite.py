@@ -56,7 +56,10 @@ def prepare_inputs(model: str, work: Path, weights: str = "random", precisions: 
     images_dir = work / "images"
     if not images_dir.is_dir():
         write_benchmark_images(images_dir)
-    weights_file = work / f"{model}-{weights.replace('/', '_')}.pt"
+    # "-v2": random weights since their residual branches start at zero (compile/weights.py); a work
+    # folder from before keeps its old file, which overflows in fp16.
+    version = "-v2" if weights == "random" else ""
+    weights_file = work / f"{model}-{weights.replace('/', '_')}{version}.pt"
     if not weights_file.exists():
         # One file for every contender; `random` is seeded, so reruns serve the same model.
         loaded = load_model(get_model_entry(model), weights)

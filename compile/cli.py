@@ -118,9 +118,9 @@ def entry(argv: Sequence[str] | None = None) -> int:
     when it compiles for a GPU (its accuracy gate loads the package here; see compile/libstdcxx.py)."""
     from compile.libstdcxx import restart_with_preload
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     known, _ = build_parser().parse_known_args(argv)
-    restart_with_preload(known.device or "auto", ["-m", "compile.cli", *argv])
+    if argv is None:  # the command line: restart it as it was started (a call with argv cannot be)
+        restart_with_preload(known.device or "auto")
     return main(argv)
 
 

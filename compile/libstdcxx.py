@@ -10,13 +10,15 @@ package, ours or a plain torchvision ResNet-18, segfaulted inside the wrapper's 
 - ``compile-trt`` (which loads the package for its accuracy gate) starts itself again with it set;
 - ``vision-serve`` sets it before its inference workers are spawned.
 
-Set ``VISION_SERVE_NO_LIBSTDCXX_PRELOAD=1`` to turn this off.
+Only processes that load such a package get it. Set ``VISION_SERVE_NO_LIBSTDCXX_PRELOAD=1`` to
+turn this off.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 OPT_OUT_ENV = "VISION_SERVE_NO_LIBSTDCXX_PRELOAD"
+RESTARTED_ENV = "VISION_SERVE_PRELOAD_RESTARTED"  # set in the restarted process: never restart twice
 NVIDIA_DEVICE_NODE = Path("/dev/nvidiactl")  # present where an NVIDIA driver is (containers included)
 
 
@@ -36,9 +39,13 @@ def compiler_libstdcxx(compiler: str | None = None) -> Path | None:
         return None
     try:
         found = subprocess.run(
-            [compiler, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True, timeout=30, check=True
+            [*shlex.split(compiler), "-print-file-name=libstdc++.so.6"],  # $CXX may be "ccache g++"
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, ValueError, subprocess.SubprocessError):
         return None
     path = Path(found)  # a bare name (not absolute) means the compiler does not know the file
     return path.resolve() if path.is_absolute() and path.exists() else None
@@ -47,7 +54,9 @@ def compiler_libstdcxx(compiler: str | None = None) -> Path | None:
 def preload_environment(environ: Mapping[str, str], library: Path | None) -> dict[str, str] | None:
     """``environ`` with ``library`` first in ``LD_PRELOAD``, or ``None`` when nothing is to change
     (not Linux, turned off, no library found, or a libstdc++ already preloaded)."""
-    if not sys.platform.startswith("linux") or environ.get(OPT_OUT_ENV) or library is None:
+    if not sys.platform.startswith("linux") or library is None:
+        return None
+    if environ.get(OPT_OUT_ENV) or environ.get(RESTARTED_ENV):
         return None
     current = environ.get("LD_PRELOAD", "")
     if any(Path(entry).name.startswith("libstdc++") for entry in current.replace(":", " ").split()):
@@ -70,15 +79,20 @@ def preload_for_children(device: str) -> None:
         logger.debug("Workers preload %s (AOTInductor CUDA packages need it)", environ["LD_PRELOAD"])
 
 
-def restart_with_preload(device: str, argv: Sequence[str]) -> None:
-    """For a command that loads a package in its own process: start ``python argv`` again with the
-    library preloaded, replacing this process. Returns (doing nothing) when it is not needed."""
+def restart_with_preload(device: str, argv: Sequence[str] | None = None) -> None:
+    """For a command that loads a package in its own process: start it again with the library
+    preloaded, replacing this process (``argv``: the interpreter's arguments, by default those this
+    process was started with, flags included). Returns, doing nothing, when it is not needed."""
     if device == "cpu" or not nvidia_gpu_present():
         return
     environ = preload_environment(os.environ, compiler_libstdcxx())
     if environ is None:
         return
+    argv = list(sys.orig_argv[1:] if argv is None else argv)
     logger.debug("Restarting with LD_PRELOAD=%s", environ["LD_PRELOAD"])
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *argv], environ)
+    try:
+        os.execve(sys.executable, [sys.executable, *argv], {**environ, RESTARTED_ENV: "1"})
+    except OSError as exc:  # go on without it: the package may still load
+        logger.warning("Could not restart with LD_PRELOAD=%s (%s); going on without it.", environ["LD_PRELOAD"], exc)

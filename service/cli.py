@@ -116,9 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = build_server(settings)
     except ValueError as exc:
         parser.error(str(exc))
-    from compile.libstdcxx import preload_for_children
+    if settings.artifact:  # AOTInductor CUDA packages need it in the workers that load them
+        from compile.libstdcxx import preload_for_children
 
-    preload_for_children(settings.device)  # AOTInductor CUDA packages, loaded by the spawned workers
+        preload_for_children(settings.device)
     return serve(settings, server)
 
 

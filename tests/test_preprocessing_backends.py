@@ -275,7 +275,8 @@ def test_cropping_the_stored_image_then_orienting_equals_cropping_the_displayed_
     """The geometry the cvcuda backend uses (it runs only on a GPU), checked with torch ops: resize the
     stored image and crop where ``stored_resize_and_crop`` says, orient the crop, and get the
     displayed image's resize + center crop."""
-    displayed = torch.from_numpy(sample_array("chelsea")[:280, :451].copy()).permute(2, 0, 1).float()
+    # 450x281 resizes to 371x232: an odd margin, so a crop box mapped to the wrong side shows.
+    displayed = torch.from_numpy(sample_array("chelsea")[:281, :450].copy()).permute(2, 0, 1).float()
     undo = {6: 8, 8: 6}.get(orientation, orientation)  # the others are their own inverse
     stored = orient(displayed, undo)
     assert torch.equal(orient(stored, orientation), displayed)
@@ -290,7 +291,7 @@ def test_cropping_the_stored_image_then_orienting_equals_cropping_the_displayed_
     (width, height), (x, y) = stored_resize_and_crop(plan, orientation)
     got = orient(resize(stored, width, height)[:, y : y + crop, x : x + crop], orientation)
     assert got.shape == expected.shape == (3, crop, crop)
-    assert torch.allclose(got, expected, atol=1e-3)
+    assert torch.allclose(got, expected, atol=1e-2)  # float rounding of the resampling: ~2e-3 of 255
 
 
 @pytest.mark.parametrize(("name", "device"), DEVICE_BACKENDS)

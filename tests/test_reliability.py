@@ -256,7 +256,9 @@ def test_killed_worker_fails_its_requests_fast_is_restarted_and_serving_resumes(
                    for _ in range(requests)]  # fmt: skip
         for thread in threads:
             thread.start()
+        serving_by = time.monotonic() + 120
         while not answers:  # the worker is serving: kill it in the middle of its work
+            assert time.monotonic() < serving_by, running.log_tail()
             time.sleep(0.01)
         assert len(answers) < requests // 2
         killed_at = time.monotonic()
