@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare what benchmarks/gpu_session.sh expects under .carry/ (ignored by git), for a GPU machine
+# Prepare what benchmarks/gpu_session.sh expects under .carry/ (in .gitignore), for a GPU machine
 # with Python 3.12 and no package registry. Run from the repository root, on a machine with pip:
 #
 #   bash benchmarks/gpu_pack.sh
@@ -13,7 +13,6 @@
 #                run together with core/; the others are 60 MiB (64 MiB travel per run).
 # Measured 2026-11-22: core 22 MB, cv 123 MB, dali 137 MB: five runs in all.
 set -euo pipefail
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >>.git/info/exclude
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 platforms=(--python-version 3.12 --implementation cp --only-binary=:all: --platform any)
