@@ -12,9 +12,9 @@
 # .carry/01, then a phase per run with .carry/02 .. .carry/05 (cvcuda from the third run, dali from
 # the fifth). Keep the runs back to back: the machine and its /tmp go back 30 s after a run.
 #
-# Carried (ignored; made by benchmarks/gpu_pack.sh; named in each run's carry): .carry/core/*.whl (installed with --no-deps into
-# /tmp/site, next to the machine's own torch), and .carry/NN/chunk.* parts of one byte stream that
-# holds packs/cv.tar.xz then packs/dali.tar.xz (sizes and sha256 in .carry/NN/stream.txt). Each
+# Carried (made by benchmarks/gpu_pack.sh; named in each run's carry): .carry/core/*.whl, installed
+# with --no-deps into /tmp/site next to the machine's own torch, and .carry/NN/chunk.* parts of one
+# byte stream that holds cv.tar.xz then dali.tar.xz (sizes and sha256 in .carry/NN/stream.txt). Each
 # run appends its chunks to /tmp/wh/stream and unpacks a pack once it is complete.
 # Logs and results go to /tmp/gpu-results and are copied to $OUT as one tarball.
 set -uo pipefail

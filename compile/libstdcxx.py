@@ -69,11 +69,16 @@ def nvidia_gpu_present() -> bool:
     return NVIDIA_DEVICE_NODE.exists()
 
 
+def _environment_for(device: str) -> dict[str, str] | None:
+    """This process's environment with the preload, where work on ``device`` needs it; else ``None``."""
+    if device == "cpu" or not nvidia_gpu_present():
+        return None
+    return preload_environment(os.environ, compiler_libstdcxx())
+
+
 def preload_for_children(device: str) -> None:
     """For a server: processes started from here on (the spawned workers) preload the library."""
-    if device == "cpu" or not nvidia_gpu_present():
-        return
-    environ = preload_environment(os.environ, compiler_libstdcxx())
+    environ = _environment_for(device)
     if environ is not None:
         os.environ["LD_PRELOAD"] = environ["LD_PRELOAD"]
         logger.debug("Workers preload %s (AOTInductor CUDA packages need it)", environ["LD_PRELOAD"])
@@ -83,9 +88,7 @@ def restart_with_preload(device: str, argv: Sequence[str] | None = None) -> None
     """For a command that loads a package in its own process: start it again with the library
     preloaded, replacing this process (``argv``: the interpreter's arguments, by default those this
     process was started with, flags included). Returns, doing nothing, when it is not needed."""
-    if device == "cpu" or not nvidia_gpu_present():
-        return
-    environ = preload_environment(os.environ, compiler_libstdcxx())
+    environ = _environment_for(device)
     if environ is None:
         return
     argv = list(sys.orig_argv[1:] if argv is None else argv)

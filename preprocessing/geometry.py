@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from preprocessing.probe import TRANSPOSING_ORIENTATIONS
 from preprocessing.spec import PreprocessSpec
 
 
@@ -65,9 +66,6 @@ def stored_box(
     }[orientation]
     (x0, y0), (x1, y1) = to_stored(left, top), to_stored(right, bottom)
     return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
-
-
-TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})  # displayed = stored with width and height swapped
 
 
 def stored_resize_and_crop(plan: CropPlan, orientation: int) -> tuple[tuple[int, int], tuple[int, int]]:

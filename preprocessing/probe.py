@@ -34,7 +34,7 @@ _SIGNATURES = {
 }
 _EXIF_ORIENTATION_TAG = 0x0112
 _ORIENTATIONS = {k: k for k in range(1, 9)}
-_TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # stored sideways: width and height swap on display
+TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # stored sideways: width and height swap on display
 _JPEG_END_OF_IMAGE = b"\xff\xd9"
 
 # Pillow inflates a PNG's compressed text chunks while it opens the file, up to 64 MB per image by
@@ -134,6 +134,6 @@ def probe_image(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS)
         orientation = exif_orientation(img)
         # Trailing padding after the marker is common and harmless.
         ends_cleanly = data.rstrip(b"\x00\r\n ").endswith(_JPEG_END_OF_IMAGE)
-    if orientation in _TRANSPOSING_ORIENTATIONS:
+    if orientation in TRANSPOSING_ORIENTATIONS:
         width, height = height, width
     return ImageProbe(img.format, img.mode, width, height, orientation, ends_cleanly)
