@@ -54,7 +54,19 @@ def truncated_jpeg(chelsea_jpeg: bytes) -> bytes:
     return chelsea_jpeg[: len(chelsea_jpeg) // 2]
 
 
+def command_line(process: psutil.Process) -> str:
+    """The process's command line, or "" once it has exited or is a zombie not yet reaped.
+
+    A shell's short-lived children (command substitutions, `mkdir`) turn into zombies between
+    listing and reading; psutil raises for those, and a scan of children must not fail on them.
+    """
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def inference_workers(server_process) -> list[psutil.Process]:
     """The spawned inference worker processes of a running ``service.process.ServerProcess``."""
     children = psutil.Process(server_process.process.pid).children(recursive=True)
-    return [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+    return [p for p in children if "spawn_main" in command_line(p)]

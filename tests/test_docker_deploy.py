@@ -33,7 +33,7 @@ import yaml
 from service.client import VisionClient
 from service.metrics import METRIC_NAMES, metrics
 from service.process import free_port
-from tests.conftest import CAT_LABELS
+from tests.conftest import CAT_LABELS, command_line
 from tests.tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -587,7 +587,7 @@ def test_sigterm_stops_the_server_with_exit_0_and_no_process_left(first_start: E
     started = time.monotonic()
     assert first_start.stop() == 0, first_start.log()[-3000:]
     assert time.monotonic() - started < STOP_TIMEOUT_S
-    assert not first_start.group(), [p.cmdline() for p in first_start.group()]
+    assert not first_start.group(), [command_line(p) for p in first_start.group()]
 
 
 def test_second_start_is_a_cache_hit(
@@ -662,7 +662,7 @@ def test_sigterm_during_the_compile_stops_it_at_once(tmp_path: Path, launch: Cal
     artifact = tmp_path / "artifacts" / "lite0"
     run = launch([], VISION_SERVE_ARTIFACT=str(artifact), VISION_SERVE_COMPILE_ARGS=LITE0_COMPILE_ARGS)
     deadline = time.monotonic() + 30
-    while not any("compile-trt" in " ".join(p.cmdline()) for p in psutil.Process(run.process.pid).children()):
+    while not any("compile-trt" in command_line(p) for p in psutil.Process(run.process.pid).children()):
         assert time.monotonic() < deadline and run.process.poll() is None, run.log()
         time.sleep(0.05)
     time.sleep(0.5)  # inside compile-trt's imports
