@@ -1,13 +1,18 @@
 """The LitServe API: a batch of encoded images -> top-k labels, with per-item errors.
 
-LitServe 0.2.19 answers *every* request of a batch with the same error if ``decode_request``,
-``batch`` or ``predict`` raises, so nothing here raises for one bad item: decode failures travel
-through the batch as ``ImageError`` values and become that request's own 4xx in
-``encode_response``. Only a failure of the model itself (a real server error) fails the batch.
+Nothing here raises for one bad item: decode failures travel through the batch as ``ImageError``
+values and become that request's own 4xx. Only a failure of the model itself (a real server
+error) fails the batch.
+
+vision-serve's worker loop (service/batching.py) takes ``ImageRequest`` values parsed in the HTTP
+process and sends ``to_answer``'s compact ``Answer`` back. Under a plain ``ls.LitServer`` the same
+class serves LitServe's way: ``decode_request`` parses a JSON ``{"image": "<base64>"}`` body and
+``encode_response`` renders the JSON (service/answers.py, the same function vision-serve uses).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import signal
@@ -22,13 +27,12 @@ from fastapi.responses import JSONResponse
 from PIL import Image
 
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
-from service.batching import GreedyBatchedLoop
+from service.answers import Answer, render
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager, set_worker_threads
 from service.heap import HeapTrimmer
 from service.logs import configure_logging
 from service.metrics import metrics, record_gpu_memory
-from service.request_parsing import ImageRequest
-from service.server_timing import server_timing
+from service.request_parsing import ImageRequest, image_request_from_json
 from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -87,11 +91,7 @@ class ClassifierAPI(ls.LitAPI):
             # With --max-batch-size 1 LitServe warns that batch/unbatch are overridden: our loop
             # runs batches of one through them on purpose.
             warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
-            super().__init__(
-                max_batch_size=settings.max_batch_size,
-                batch_timeout=settings.batch_timeout_ms / 1000.0,
-                loop=GreedyBatchedLoop(),
-            )
+            super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
         self.settings = settings
         self.served: ServedModel | None = None  # set in setup(), in the worker
         self._gpu_memory_sampled_at = 0.0
@@ -109,6 +109,10 @@ class ClassifierAPI(ls.LitAPI):
         else:
             self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
         self.torch_device = torch_device
+        # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
+        # that work goes on a stream of its own, so it overlaps the engine's (service/batching.py).
+        pipelined = self.settings.pipeline_depth != 1  # 0 (auto) means 2 on a GPU
+        self.prepare_stream = torch.cuda.Stream(torch_device) if torch_device.type == "cuda" and pipelined else None
         self.heap_trimmer = HeapTrimmer().start()
         self.preprocessor = create_preprocessor(
             self.settings.preprocess,
@@ -137,16 +141,24 @@ class ClassifierAPI(ls.LitAPI):
                 raise RuntimeError(f"Warm-up failed: {results[0].error}")
         logger.info("Warm-up done in %.1f s", time.perf_counter() - started)
 
-    def decode_request(self, request: ImageRequest) -> ImageRequest:
-        # Parsing and the header checks already happened in the HTTP process (PredictEndpoint).
-        return request
+    # ``request`` is unannotated on purpose: a plain ls.LitServer reads the annotation to decide what
+    # to hand over, and without one it passes the parsed JSON body.
+    def decode_request(self, request) -> ImageRequest:
+        if isinstance(request, ImageRequest):
+            return request  # parsed and header-checked in vision-serve's HTTP process (PredictEndpoint)
+        return image_request_from_json(request)  # a plain ls.LitServer hands over the JSON body
 
     def batch(self, inputs: list[ImageRequest]) -> ClassifyBatch:
         now = time.monotonic()
         queue_ms = [None if item.queued_at is None else (now - item.queued_at) * 1e3 for item in inputs]
         started = time.perf_counter()
-        with self.heap_trimmer.busy():
+        stream = self.prepare_stream
+        with self.heap_trimmer.busy(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             prepared = self.preprocessor([item.image for item in inputs])
+            if stream is not None:
+                # Handed over finished: the engine's stream then never waits on this one, and the
+                # memory is not reused before the engine is done with it (predict syncs on .cpu()).
+                stream.synchronize()
         preprocess_ms = (time.perf_counter() - started) * 1e3
         request_ids = [item.request_id for item in inputs]
         return ClassifyBatch(prepared, [item.top_k for item in inputs], preprocess_ms, queue_ms, request_ids)
@@ -198,27 +210,24 @@ class ClassifierAPI(ls.LitAPI):
             results[i].timings_ms["inference"] = inference_ms
         return results
 
-    def encode_response(self, output: ItemResult) -> JSONResponse:
-        started = time.perf_counter()
-        headers = {"X-Batch-Size": str(output.batch_size)}
+    def to_answer(self, output: ItemResult) -> Answer:
+        """The compact answer vision-serve's worker loop sends to the HTTP process."""
         if output.error is not None:
-            response = JSONResponse(
-                {"detail": output.error.detail}, status_code=output.error.status_code, headers=headers
+            return Answer(
+                status_code=output.error.status_code,
+                detail=output.error.detail,
+                batch_size=output.batch_size,
+                timings_ms=output.timings_ms,
             )
-        else:
-            labels = self.served.entry.labels
-            body = {
-                "predictions": [
-                    {"index": index, "label": labels[index], "probability": probability}
-                    for index, probability in output.predictions
-                ],
-                "model": self.served.entry.name,
-                "engine": self.served.engine_name,
-            }
-            response = JSONResponse(body, headers=headers)
-        timings = {**output.timings_ms, "postprocess": (time.perf_counter() - started) * 1e3}
-        response.headers["Server-Timing"] = server_timing(timings)
-        # Recorded into the histograms by the HTTP process (service/predict_endpoint.py), not here:
-        # this loop feeds the GPU, and the HTTP processes have time to spare.
-        response.stage_timings_ms = timings
-        return response
+        labels = self.served.entry.labels
+        return Answer(
+            predictions=tuple((index, labels[index], probability) for index, probability in output.predictions),
+            model=self.served.entry.name,
+            engine=self.served.engine_name,
+            batch_size=output.batch_size,
+            timings_ms=output.timings_ms,
+        )
+
+    def encode_response(self, output: ItemResult) -> JSONResponse:
+        """For a plain ``ls.LitServer``: the same JSON vision-serve answers."""
+        return render(self.to_answer(output))

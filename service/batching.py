@@ -1,107 +1,171 @@
-"""How the inference worker takes a batch from the request queue.
+"""How the inference worker takes batches from its request channel and answers them.
 
-LitServe 0.2.19's batched loop polls: it asks the queue for one request with a 1 ms timeout, over
-and over, until the batch window ends. Its queue lives in a multiprocessing manager, so every poll
-is a round trip between two processes: 1,000 a second while idle (measured: 8 % of a core in the
-worker and 12 % in the manager with nothing to do), and with ``batch_timeout=0`` a tight loop that
-never blocks. On a CPU box those cycles come out of the model's OpenMP threads.
-
-This loop blocks on the first request instead, then takes whatever else is already queued without
-waiting, and only then waits out the batch window (``--batch-timeout-ms``) if the batch is not
-full. With the default window of 0 that is greedy batching: an idle server runs a lone request at
-once, and under load batches fill from the requests that queued while the model was busy.
+LitServe 0.2.19's batched loop polls: it asks its queue for one request with a 1 ms timeout, over
+and over, until the batch window ends, and each ask is a round trip to a multiprocessing manager.
+This loop blocks on the first request instead (service/channels.py: a socket of its own), then
+takes whatever else is already queued without waiting, and only then waits out the batch window
+(``--batch-timeout-ms``) if the batch is not full. With the default window of 0 that is greedy
+batching: an idle server runs a lone request at once, and under load batches fill from the
+requests that queued while the model was busy.
 
 Requests whose deadline passed while queued are answered 504 here, counted in
-``vision_serve_requests_expired_total`` and logged as one summary line at most every few seconds:
-LitServe logs an ERROR line per request, which floods the log exactly when the server is overloaded.
+``vision_serve_requests_expired_total`` and logged as one summary line at most every few seconds.
 
-The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path.
+The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path. It
+needs a LitAPI with ``to_answer`` (service/api.py): each output becomes a compact ``Answer``.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from queue import Empty, Queue
+from typing import Any
 
-from fastapi import HTTPException
-from litserve import LitAPI
-from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
-from litserve.loops.simple_loops import BatchedLoop
-from litserve.transport.base import MessageTransport
-from litserve.utils import LitAPIStatus, LoopResponseType
-
+from service.answers import error_answer
+from service.channels import ChannelConfig, RequestMessage, WorkerChannel
+from service.litserve_bridge import WorkerLoop
 from service.metrics import metrics
 
 logger = logging.getLogger(__name__)
 
 # How long one blocking wait for the first request lasts before the loop goes round again; it
-# wakes at once when a request (or the shutdown sentinel) arrives, so this only bounds idle wake-ups.
+# wakes at once when a request arrives, so this only bounds idle wake-ups.
 IDLE_WAIT_S = 1.0
 EXPIRED_LOG_INTERVAL_S = 10.0
 
-Payload = tuple[str, str, object]  # (response queue id, request uid, request)
+MODEL_FAILED = "The model failed on the batch this request was in; see the server log. Retrying may work."
 
 
-class GreedyBatchedLoop(BatchedLoop):
-    def __init__(self) -> None:
+class GreedyBatchedLoop(WorkerLoop):
+    """``running``: a shared array, per worker the size of the batch it runs now (0 when idle), from
+    which the HTTP processes compute the queue depth.
+
+    ``pipeline_depth`` 1 runs each batch start to end: take requests, prepare (``batch``: decode,
+    resize, upload), ``predict``, answer. With 2 or more, a thread of its own takes and prepares the
+    next batches while this one runs (on a GPU on a CUDA stream of its own: service/api.py), with at
+    most ``pipeline_depth - 1`` prepared batches waiting, so throughput approaches
+    1 / max(prepare, predict) instead of 1 / (prepare + predict).
+    """
+
+    def __init__(self, channels: ChannelConfig, running: Any = None, pipeline_depth: int = 1) -> None:
         super().__init__()
+        if pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1 (1: no overlap), got {pipeline_depth}.")
+        self.channels = channels
+        self.running = running
+        self.pipeline_depth = pipeline_depth
         self._expired_unlogged = 0
         self._expired_logged_at = 0.0
 
-    def get_batch_requests(
-        self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport
-    ) -> tuple[list[Payload], list[tuple[str, str]]]:
-        """Up to ``max_batch_size`` requests; ``([], [])`` after ``IDLE_WAIT_S`` with none.
+    def serve(self, lit_api: Any, worker_id: int) -> None:
+        channel = WorkerChannel(self.channels, worker_id)
+        try:
+            if self.pipeline_depth > 1:
+                self.serve_pipelined(lit_api, channel, worker_id)
+            else:
+                while True:
+                    batch = self.get_batch(lit_api, channel)
+                    if batch:
+                        self.run_batch(lit_api, channel, worker_id, batch)
+        finally:
+            channel.close()
 
-        Expired requests are answered here, so the second element (LitServe's to answer) is always empty.
+    def serve_pipelined(
+        self, lit_api: Any, channel: WorkerChannel, worker_id: int, stop: threading.Event | None = None
+    ) -> None:
+        """Prepare in a thread, run here; returns only when ``stop`` is set (tests, benchmarks)."""
+        stop = stop or threading.Event()
+        prepared: queue.Queue = queue.Queue(maxsize=self.pipeline_depth - 1)
+
+        def prepare_batches() -> None:
+            while not stop.is_set():
+                try:
+                    batch = self.get_batch(lit_api, channel)
+                    if batch:
+                        prepared.put((batch, self.prepare(lit_api, batch)))  # waits while the queue is full
+                except Exception:  # keep preparing: a dead thread would leave every later request unanswered
+                    logger.exception("Taking or preparing a batch failed; going on.")
+
+        thread = threading.Thread(target=prepare_batches, name="vision-serve-prepare", daemon=True)
+        thread.start()
+        while not stop.is_set() or not prepared.empty():
+            try:
+                batch, ready = prepared.get(timeout=IDLE_WAIT_S)
+            except queue.Empty:
+                continue
+            self.finish(lit_api, channel, worker_id, batch, ready)
+        thread.join()
+
+    def get_batch(self, lit_api: Any, channel: WorkerChannel) -> list[RequestMessage]:
+        """Up to ``max_batch_size`` requests; ``[]`` after ``IDLE_WAIT_S`` with none.
+
+        Expired requests are answered 504 here and left out.
         """
-        payloads: list[Payload] = []
+        batch: list[RequestMessage] = []
         expired = 0
         first_taken = window_ends = None
-        apply_timeout = lit_api.request_timeout not in (-1, False)
-        while len(payloads) < lit_api.max_batch_size:
-            try:
-                if first_taken is None:
-                    item = request_queue.get(timeout=IDLE_WAIT_S)
-                elif window_ends is None:
-                    item = request_queue.get_nowait()
-                else:
-                    remaining = window_ends - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    item = request_queue.get(timeout=remaining)
-            except Empty:
+        apply_timeout = lit_api.request_timeout not in (-1, False, None)
+        while len(batch) < lit_api.max_batch_size:
+            if first_taken is None:
+                message = channel.receive(IDLE_WAIT_S)
+            elif window_ends is None:
+                message = channel.receive(0)
+            else:
+                remaining = window_ends - time.monotonic()
+                message = channel.receive(remaining) if remaining > 0 else None
+                if message is None:
+                    break
+            if message is None:
                 if first_taken is None:
                     break  # idle: the caller loops and comes back
                 if window_ends is None and lit_api.batch_timeout > 0:
                     window_ends = first_taken + lit_api.batch_timeout  # queue drained: now wait out the window
                     continue
                 break
-            if item == _SENTINEL_VALUE:
-                raise _StopLoopError()
             first_taken = first_taken or time.monotonic()
-            response_queue_id, uid, queued_at, request = item
-            # START tells the HTTP process which worker holds the request (service/worker_watch.py).
-            self.put_response(transport, response_queue_id, uid, (), LitAPIStatus.START, LoopResponseType.REGULAR)
+            api_server, uid, queued_at, _ = message
             if apply_timeout and time.monotonic() - queued_at > lit_api.request_timeout:
                 # Its client already got a 504 from the HTTP process: do not run it.
-                self.put_response(
-                    transport,
-                    response_queue_id,
-                    uid,
-                    HTTPException(504, "Request timed out"),
-                    LitAPIStatus.ERROR,
-                    LoopResponseType.REGULAR,
-                )
+                channel.answer(api_server, uid, error_answer(504, "Request timed out"))
                 expired += 1
             else:
-                payloads.append((response_queue_id, uid, request))
+                batch.append(message)
         if expired:
             self._note_expired(expired, lit_api.request_timeout)
-        return payloads, []
+        return batch
 
-    def _note_expired(self, count: int, timeout_s: float) -> None:
+    def run_batch(self, lit_api: Any, channel: WorkerChannel, worker_id: int, batch: list[RequestMessage]) -> None:
+        self.finish(lit_api, channel, worker_id, batch, self.prepare(lit_api, batch))
+
+    @staticmethod
+    def prepare(lit_api: Any, batch: list[RequestMessage]) -> Any:
+        """``lit_api.batch`` of the requests, or the exception it raised (``finish`` answers it)."""
+        try:
+            return lit_api.batch([lit_api.decode_request(message[3]) for message in batch])
+        except Exception as exc:
+            return PrepareFailed(exc)
+
+    def finish(self, lit_api: Any, channel: WorkerChannel, worker_id: int, batch: list, ready: Any) -> None:
+        if self.running is not None:
+            self.running[worker_id] = len(batch)
+        try:
+            if isinstance(ready, PrepareFailed):
+                raise ready.error
+            outputs = lit_api.unbatch(lit_api.predict(ready))
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"predict/unbatch gave {len(outputs)} outputs for {len(batch)} requests")
+            answers = [lit_api.to_answer(output) for output in outputs]
+        except Exception:
+            logger.exception("The model failed on a batch of %d request(s); answering each with 500.", len(batch))
+            answers = [error_answer(500, MODEL_FAILED)] * len(batch)
+        finally:
+            if self.running is not None:
+                self.running[worker_id] = 0
+        channel.answer_many([(m[0], m[1], answer) for m, answer in zip(batch, answers, strict=True)])
+
+    def _note_expired(self, count: int, timeout_s: float) -> None:  # from either thread: a few ints
         metrics().requests_expired.inc(count)
         self._expired_unlogged += count
         now = time.monotonic()
@@ -114,3 +178,8 @@ class GreedyBatchedLoop(BatchedLoop):
             )
             self._expired_unlogged = 0
             self._expired_logged_at = now
+
+
+class PrepareFailed:
+    def __init__(self, error: Exception) -> None:
+        self.error = error

@@ -34,6 +34,10 @@ _HELP = {
     "max_batch_size": "largest batch the model sees (1 turns batching off)",
     "batch_timeout_ms": "how long the first request of a batch waits for more",
     "workers_per_device": "inference worker processes per device",
+    "pipeline_depth": "batches in flight per worker: 1 runs each batch start to end, 2 prepares the next while "
+    "one runs; 0: 2 on a GPU, 1 on a CPU",
+    "api_servers": "HTTP processes that parse requests and answer them; 0: one per inference worker on a CPU, "
+    "more on a GPU (up to a quarter of the cores)",
     "host": "address to listen on: 127.0.0.1, 0.0.0.0 or ::",
     "port": "TCP port",
     "log_level": "logging level",

@@ -117,7 +117,12 @@ class Metrics:
 
     def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
         for stage, ms in timings_ms.items():
-            self.stage_duration.labels(stage=stage).observe(ms / 1e3)
+            self._stage(stage).observe(ms / 1e3)
+
+    @functools.lru_cache(maxsize=16)  # noqa: B019 - one Metrics per process, kept for its life
+    def _stage(self, stage: str) -> Any:
+        # labels() takes a lock and builds a key on every call; the children never change.
+        return self.stage_duration.labels(stage=stage)
 
     def observe_batch(self, images: int) -> None:
         self.batch_size.observe(images)

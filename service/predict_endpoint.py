@@ -1,31 +1,31 @@
-"""``POST /predict``: parse and check in the HTTP process, admit or shed, queue, answer by the deadline.
+"""``POST /predict``: parse and check in the HTTP process, admit or shed, send to a worker, answer by
+the deadline.
 
-Replaces LitServe's request handler, which waits for the worker without a bound (its ``timeout``
-only drops requests that are still queued: one already in a batch that runs for minutes holds its
-client for minutes) and accepts work while no worker can take it.
+Requests go straight to a ready inference worker over service/channels.py and its compact answer
+becomes JSON here (service/answers.py). The deadline covers running work: a request in a batch
+that runs for minutes still gets its 504 on time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
-import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from fastapi import HTTPException, Request, Response
-from litserve.server import RegularRequestHandler
-from litserve.utils import LitAPIStatus, ResponseBufferItem
+from fastapi.responses import JSONResponse
 
 from service._defaults import RETRY_AFTER_S
 from service.admission import AdmissionGate
+from service.answers import render
+from service.channels import ApiChannel, ChannelFull
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.request_parsing import ImageRequest, RequestLimits, check_image_header, read_image_request
 from service.server_timing import add_server_timing
-
-if TYPE_CHECKING:
-    from service.server import VisionLitServer
+from service.worker_watch import WorkerWatch
 
 RETRY_HEADERS = {"Retry-After": str(RETRY_AFTER_S)}
 
@@ -61,25 +61,46 @@ OPENAPI_EXTRA = {
 
 
 class PredictEndpoint:
+    """``channel`` and ``watch`` return the HTTP process's own (made in its lifespan; ``None`` before).
+
+    Also a plain ASGI app (``__call__``), which the server mounts ahead of FastAPI's stack
+    (service/litserve_bridge.py ``add_fast_route``); ``check_auth`` then does what the route's
+    dependency would.
+    """
+
     def __init__(
         self,
-        server: VisionLitServer,
-        api_path: str,
+        channel: Callable[[], ApiChannel | None],
+        watch: Callable[[], WorkerWatch | None],
         limits: RequestLimits,
         gate: AdmissionGate,
         timeout_s: float,
+        check_auth: Callable[[Request], None] | None = None,
     ) -> None:
-        self.server = server
-        self.api_path = api_path
+        self.channel = channel
+        self.watch = watch
         self.limits = limits
         self.gate = gate
         self.timeout_s = timeout_s
+        self.check_auth = check_auth
+        self._uids = itertools.count()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        request = Request(scope, receive)
+        try:
+            if self.check_auth is not None:
+                self.check_auth(request)
+            response = await self.handle(request)
+        except HTTPException as exc:  # what FastAPI's own handler of it answers
+            response = JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Response:
         image_request = await read_image_request(request, self.limits)
         check_image_header(image_request.image, self.limits.max_image_pixels)
-        watch = self.server.worker_watch
-        if watch is None or not watch.any_ready:
+        watch, channel = self.watch(), self.channel()
+        worker_id = None if watch is None or channel is None else channel.pick_worker(watch.ready_workers)
+        if worker_id is None:
             raise HTTPException(
                 503,
                 "No inference worker is ready (the server is starting, or restarting a worker); retry shortly.",
@@ -93,29 +114,23 @@ class PredictEndpoint:
                 headers=RETRY_HEADERS,
             )
         try:
-            return await self._queue_and_wait(image_request)
+            return await self._send_and_wait(channel, worker_id, image_request)
         finally:
             self.gate.release()
 
-    async def _queue_and_wait(self, image_request: ImageRequest) -> Response:
-        uid = uuid.uuid4().hex
-        item = ResponseBufferItem(asyncio.Event())
-        buffer = self.server.response_buffer
-        buffer[uid] = item  # before queueing: the answer can only be matched to a buffered request
-        # The worker drops requests older than the deadline instead of running them (LitServe's own
-        # queue timeout, set to the same value), so timed-out work does not pile up.
+    async def _send_and_wait(self, channel: ApiChannel, worker_id: int, image_request: ImageRequest) -> Response:
+        uid = next(self._uids)  # answers come back to this process only: unique here is enough
+        # The worker drops requests older than the deadline instead of running them, so timed-out
+        # work does not pile up.
         queued_at = time.monotonic()
         try:
-            queue = self.server._get_request_queue(self.api_path)
+            queued = dataclasses.replace(image_request, queued_at=queued_at, request_id=REQUEST_ID.get())
             try:
-                queued = dataclasses.replace(image_request, queued_at=queued_at, request_id=REQUEST_ID.get())
-                queue.put((self.server.app.response_queue_id, uid, queued_at, queued))
-            except (OSError, EOFError) as exc:  # the manager is gone: the server is shutting down
-                raise HTTPException(
-                    503, f"The server is shutting down ({exc!r}); retry.", headers=RETRY_HEADERS
-                ) from exc
+                answer_future = channel.submit(worker_id, uid, queued_at, queued)
+            except ChannelFull as exc:
+                raise HTTPException(503, f"The server is overloaded ({exc}); retry.", headers=RETRY_HEADERS) from None
             try:
-                await asyncio.wait_for(item.event.wait(), self.timeout_s)
+                answer = await asyncio.wait_for(answer_future, self.timeout_s)
             except asyncio.TimeoutError:
                 raise HTTPException(
                     504,
@@ -123,14 +138,12 @@ class PredictEndpoint:
                     "overloaded or its batches are too slow.",
                 ) from None
         finally:
-            buffer.pop(uid, None)  # a late answer then finds no one waiting and is dropped
+            channel.forget(uid)  # a late answer then finds no one waiting and is dropped
             # Every admitted request, answered or not: the stage a dashboard's p99 is read from.
             total_ms = (time.monotonic() - queued_at) * 1e3
             metrics().observe_stages({"total": total_ms})
-        response, status = item.response
-        if status == LitAPIStatus.ERROR:
-            RegularRequestHandler._handle_error_response(response)  # raises the HTTPException or a 500
-        # The worker's stages (service/api.py), recorded here to keep that work off its loop.
-        metrics().observe_stages(getattr(response, "stage_timings_ms", {}))
+        response = render(answer)
+        # The worker's stages and the rendering, recorded here to keep that work off its loop.
+        metrics().observe_stages(answer.timings_ms)
         add_server_timing(response, "total", total_ms)
         return response

@@ -158,13 +158,20 @@ async def read_image_request(request: Request, limits: RequestLimits) -> ImageRe
             body = json.loads(await read_body(request, limits.max_body_bytes))
         except (ValueError, RecursionError):  # bad JSON or UTF-8, 5000-digit integers, absurd nesting
             raise HTTPException(400, 'The body is not valid JSON. Send {"image": "<base64>", "top_k": 5}.') from None
-        if not isinstance(body, dict) or "image" not in body:
-            raise HTTPException(400, 'The JSON body needs a field "image" holding the base64-encoded image file.')
-        image = decode_base64_image(body["image"])
-        top_k_raw = body.get("top_k", top_k_raw)
+        return image_request_from_json(body, top_k_raw)
     else:
         image = await read_body(request, limits.max_body_bytes)
+    return _image_request(image, top_k_raw)
 
+
+def image_request_from_json(body: object, top_k_raw: object = None) -> ImageRequest:
+    """``{"image": "<base64 or data: URL>", "top_k": 5}``, already parsed; 4xx ``HTTPException`` if malformed."""
+    if not isinstance(body, dict) or "image" not in body:
+        raise HTTPException(400, 'The JSON body needs a field "image" holding the base64-encoded image file.')
+    return _image_request(decode_base64_image(body["image"]), body.get("top_k", top_k_raw))
+
+
+def _image_request(image: bytes, top_k_raw: object) -> ImageRequest:
     if not image:
         raise HTTPException(
             400,

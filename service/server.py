@@ -24,7 +24,6 @@ import litserve as ls
 import torch
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
-from litserve.utils import WorkerSetupStatus
 
 from compile.catalog import get_model_entry
 from compile.features import ALL_GPUS, describe_device, parse_device
@@ -34,8 +33,11 @@ from service import _defaults
 from service.admission import AdmissionGate
 from service.api import ClassifierAPI
 from service.auth import ApiKeyAuth
+from service.batching import GreedyBatchedLoop
+from service.channels import ApiChannel, ChannelConfig
 from service.engine import ENGINE_EAGER, ensure_servable
 from service.http_observer import HttpObserver
+from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed, add_fast_route
 from service.logs import adopt_library_loggers
 from service.metrics import (
     CONTENT_TYPE as METRICS_CONTENT_TYPE,
@@ -60,14 +62,6 @@ logger = logging.getLogger(__name__)
 CHILD_STOP_TIMEOUT_S = 10.0
 
 
-class StartupInterrupted(Exception):
-    """A stop signal arrived before any worker was ready."""
-
-
-class WorkerStartupFailed(RuntimeError):
-    """An inference worker's setup raised; its traceback is in the log above."""
-
-
 def resolve_device(
     device: str, cuda_count: int, visible_devices: str | None = None
 ) -> tuple[str, int | str, dict[str, str]]:
@@ -87,6 +81,33 @@ def resolve_device(
     return "cuda", 1, {"CUDA_VISIBLE_DEVICES": visible}
 
 
+def resolve_api_servers(requested: int, accelerator: str, inference_workers: int, cpu_count: int) -> int:
+    """``--api-servers``: the number asked for, or for 0 a number that fits the devices and cores.
+
+    On a CPU the model's threads want every core, and a few dozen images per second need no more
+    than LitServe's one HTTP process per inference worker. A GPU classifies thousands per second,
+    each one parsed, checked and answered in an HTTP process: give them a quarter of the cores (at
+    least one per worker), leaving the rest to decoding and the workers.
+    """
+    if requested > 0:
+        return requested
+    if accelerator == "cpu":
+        return inference_workers
+    return max(inference_workers, cpu_count // 4)
+
+
+def resolve_pipeline_depth(requested: int, accelerator: str) -> int:
+    """``--pipeline-depth``: the number asked for, or for 0 one that fits the device.
+
+    On a GPU, decoding and resizing the next batch (its own CUDA stream, and CPU work for the
+    decoders) overlaps the engine's run of this one. On a CPU both stages want the same cores, and
+    the overlap did not pay on 2 cores (benchmarks/pipeline.py): there, one batch at a time.
+    """
+    if requested > 0:
+        return requested
+    return 1 if accelerator == "cpu" else 2
+
+
 def device_names(devices: list) -> list[str]:
     """LitServe's per-worker device groups (``[["cuda:0"]]``, measured on an H100) as a flat list
     of device names, each once, in order."""
@@ -94,93 +115,80 @@ def device_names(devices: list) -> list[str]:
     return list(dict.fromkeys(str(d) for d in flat))
 
 
-class VisionLitServer(ls.LitServer):
+class VisionLitServer(LitServerBridge):
     """LitServer with vision-serve's request path, probes, auth and worker recovery.
 
     - ``POST /predict`` (``PredictEndpoint``): limits checked in the HTTP process, a bounded queue
-      (503 + Retry-After beyond it), a deadline that covers running work (504).
+      (503 + Retry-After beyond it), a deadline that covers running work (504). Requests go to the
+      workers and answers come back over service/channels.py, not LitServe's manager queues.
     - ``/health`` (alive), ``/ready`` (every worker loaded and warmed) and ``/metrics`` (Prometheus,
       service/metrics.py) answer without a key; with ``--api-key``, ``/predict`` and ``/info`` need it.
     - Every response carries ``X-Request-ID``; the access log and ``vision_serve_requests_total``
       come from one middleware (service/http_observer.py).
     - A worker that dies is restarted; the requests it held get 503 at once (``WorkerWatch``).
-    - Stopping, also from a signal handler while workers start, takes LitServe's own graceful path
-      (the one its /shutdown endpoint uses): uvicorn stops accepting and finishes the requests it
-      holds while the inference workers still answer them; the workers stop after that.
-      tests/test_e2e.py checks in-flight requests get their answers.
+    - Stopping, also from a signal handler while workers start, takes LitServe's own graceful path:
+      uvicorn stops accepting and finishes the requests it holds while the inference workers still
+      answer them; the workers stop after that. tests/test_e2e.py checks in-flight requests get
+      their answers.
     """
 
-    _stop_requested = False
     exit_code = 0
-    worker_watch: WorkerWatch | None = None  # one per HTTP process, made in its lifespan
+    api_channel: ApiChannel | None = None  # one per HTTP process, made in its lifespan
+    worker_watch: WorkerWatch | None = None  # likewise
 
-    def __init__(self, lit_api: ls.LitAPI, settings: ServeSettings, **kwargs: object) -> None:
+    def __init__(
+        self, lit_api: ls.LitAPI, settings: ServeSettings, *, api_servers: int, workers: int, **kwargs: object
+    ) -> None:
         # Set before LitServer.__init__, which registers the endpoints that use them.
         self.settings = settings
+        self.api_servers = api_servers
         self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels)
         self.admission = AdmissionGate(settings.max_queue)
         self.auth_dependencies = [Depends(ApiKeyAuth(settings.api_key))] if settings.api_key else []
-        # timeout: LitServe's workers drop queued requests older than the deadline instead of
-        # running them. restart_workers: the workers report which requests they took, which is
-        # how WorkerWatch knows what a dead worker held.
+        self.channels = ChannelConfig.create(api_servers, workers)
+        # Per worker, the size of the batch it runs now: the queue depth is what is admitted and
+        # not running. Shared memory, made before the workers spawn (they get it with the loop).
+        self.running = multiprocessing.Array("i", workers, lock=False)
+        lit_api.loop = GreedyBatchedLoop(self.channels, self.running, settings.pipeline_depth)
+        # timeout: the workers drop queued requests older than the deadline instead of running them.
         super().__init__(lit_api, timeout=settings.request_timeout_s, restart_workers=True, **kwargs)
         self.app.add_middleware(HttpObserver, counted_path=lit_api.api_path)
 
     def request_stop(self) -> None:
-        if self._stop_requested:
-            return
-        self._stop_requested = True
-        event = self._shutdown_event
-        if event is not None:
-            # Not from the signal handler itself: the event is a multiprocessing-manager proxy that
-            # the main thread may be blocked on, and a proxy connection must not be re-entered.
-            # A new thread gets its own connection.
-            threading.Thread(target=event.set, name="vision-serve-stop", daemon=True).start()
+        super().request_stop(
+            lambda target: threading.Thread(target=target, name="vision-serve-stop", daemon=True).start()
+        )
 
-    def _init_manager(self, num_api_servers: int) -> object:
+    def before_http_processes(self) -> None:
         # LitServer.run has just given the litserve logger a handler of its own, in its own format:
         # route it through ours, before the HTTP processes fork and inherit it.
         adopt_library_loggers()
-        return super()._init_manager(num_api_servers)
 
-    def verify_worker_status(self) -> None:
-        while not any(v == WorkerSetupStatus.READY for v in self.workers_setup_status.values()):
-            if self._stop_requested:
-                raise StartupInterrupted()
-            if any(v == WorkerSetupStatus.ERROR for v in self.workers_setup_status.values()) or not any(
-                worker.is_alive() for worker in self.inference_workers
-            ):
-                raise WorkerStartupFailed(
-                    "An inference worker failed to start (its error is logged above): check --model, "
-                    "--weights and --device."
-                )
-            time.sleep(0.05)
-
-    def _register_internal_endpoints(self) -> None:
-        @self.app.get("/", include_in_schema=False)
+    def register_routes(self, app: FastAPI, api_path: str) -> None:
+        @app.get("/", include_in_schema=False)
         async def index() -> HTMLResponse:
             """A page to try the model from a browser: pick or drop an image, see the top 5 and the latency."""
             return upload_page()
 
-        @self.app.get("/health")
+        @app.get("/health")
         async def health() -> dict:
             """Liveness: the HTTP server answers. Never needs the API key."""
             return {"status": "alive"}
 
-        @self.app.get("/ready", responses={503: {"description": "a worker is starting or restarting"}})
+        @app.get("/ready", responses={503: {"description": "a worker is starting or restarting"}})
         async def ready() -> JSONResponse:
             """Readiness: every inference worker has loaded its model and finished warm-up."""
             watch = self.worker_watch
             is_ready = watch is not None and watch.ready
-            states = dict(watch.states) if watch is not None else {}
+            states = watch.named_states() if watch is not None else {}
             return JSONResponse({"ready": is_ready, "workers": states}, status_code=200 if is_ready else 503)
 
-        @self.app.get("/metrics", include_in_schema=False)
+        @app.get("/metrics", include_in_schema=False)
         def prometheus_metrics() -> Response:
             """Prometheus text format; a plain def, so FastAPI runs the file reads in its thread pool."""
             return Response(exposition(self.live_metrics), media_type=METRICS_CONTENT_TYPE)
 
-        @self.app.get("/info", dependencies=self.auth_dependencies)
+        @app.get("/info", dependencies=self.auth_dependencies)
         async def info() -> dict:
             settings = self.settings
             return {
@@ -188,6 +196,8 @@ class VisionLitServer(ls.LitServer):
                 "server": {
                     "devices": device_names(self.devices),
                     "workers_per_device": self.workers_per_device,
+                    "api_servers": self.api_servers,
+                    "pipeline_depth": settings.pipeline_depth,
                     "max_queue": settings.max_queue,
                     "queued": self.admission.admitted,
                     "request_timeout_s": settings.request_timeout_s,
@@ -197,17 +207,44 @@ class VisionLitServer(ls.LitServer):
                 },
             }
 
+        endpoint = PredictEndpoint(
+            channel=lambda: self.api_channel,
+            watch=lambda: self.worker_watch,
+            limits=self.limits,
+            gate=self.admission,
+            timeout_s=self.settings.request_timeout_s,
+            check_auth=ApiKeyAuth(self.settings.api_key) if self.settings.api_key else None,
+        )
+        # POST /predict skips FastAPI's stack: the observer (request id, access log, counts) wraps it
+        # directly. The FastAPI route below is what /docs shows, and answers the same way.
+        add_fast_route(app, "POST", api_path, HttpObserver(endpoint, counted_path=api_path))
+
+        async def predict(request: Request) -> Response:
+            return await endpoint.handle(request)
+
+        app.add_api_route(
+            api_path,
+            predict,
+            methods=["POST"],
+            dependencies=self.auth_dependencies,
+            openapi_extra=OPENAPI_EXTRA,
+            summary="Classify one image: its top-k ImageNet labels",
+        )
+
+    def queue_depth(self) -> int:
+        """Requests admitted and not yet in a running batch, across the server."""
+        return max(0, self.admission.admitted - sum(self.running))
+
     @functools.cached_property
     def live_metrics(self) -> LiveStateCollector:
         """Made once per HTTP process, on its first scrape: its readers fetch the changing values."""
-        api_path = self.litapi_connector.lit_apis[0].api_path
         metadata = self.model_metadata or {}
         return LiveStateCollector(
             LiveState(
-                queue_depth=lambda: self._get_request_queue(api_path).qsize(),
+                queue_depth=self.queue_depth,
                 in_flight=lambda: self.admission.admitted,
                 in_flight_limit=self.settings.max_queue,
-                worker_states=lambda: self.worker_watch.states if self.worker_watch is not None else {},
+                worker_states=lambda: self.worker_watch.named_states() if self.worker_watch is not None else {},
                 build_info={
                     "version": package_version(),
                     "model": str(metadata.get("model", "")),
@@ -218,55 +255,43 @@ class VisionLitServer(ls.LitServer):
             )
         )
 
-    def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: object, response_type: object) -> None:
-        endpoint = PredictEndpoint(self, lit_api.api_path, self.limits, self.admission, self.settings.request_timeout_s)
-
-        async def predict(request: Request) -> Response:
-            return await endpoint.handle(request)
-
-        self.app.add_api_route(
-            lit_api.api_path,
-            predict,
-            methods=["POST"],
-            dependencies=self.auth_dependencies,
-            openapi_extra=OPENAPI_EXTRA,
-            summary="Classify one image: its top-k ImageNet labels",
-        )
-
     @asynccontextmanager
-    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        # Runs in each HTTP process (after the fork): the watch and its buffer are that process's own.
-        self.worker_watch = WorkerWatch(self.workers_setup_status, self.response_buffer)
+    async def http_process(self, app: FastAPI, api_server: int) -> AsyncIterator[None]:
+        # Runs in each HTTP process (after the fork): its channel and watch are its own.
+        channel = ApiChannel(self.channels, api_server)
+        self.api_channel = channel
+        self.worker_watch = WorkerWatch(self.worker_states, channel)
         self.worker_watch.refresh()
-        task = asyncio.get_running_loop().create_task(self.worker_watch.run(), name="vision-serve-worker-watch")
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
+            loop.create_task(self.worker_watch.run(), name="vision-serve-worker-watch"),
+        ]
         try:
-            async with super().lifespan(app):
-                yield
+            yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
+            channel.close()
 
-    def _start_worker_monitoring(self, manager: object, uvicorn_workers: object) -> None:
-        lit_api = self.litapi_connector.lit_apis[0]
-        endpoint = lit_api.api_path.split("/")[-1]
-
+    def start_worker_monitor(self) -> None:
         def stop_with_error(message: str) -> None:
             logger.error("%s", message)
             self.exit_code = 1
             self.request_stop()
 
         def relaunch(index: int) -> object:
-            mark_process_dead(self.inference_workers[index].pid)  # its GPU-memory gauge no longer counts
+            mark_process_dead(self.worker_processes[index].pid)  # its GPU-memory gauge no longer counts
             metrics().worker_restarts.inc()
-            return self.launch_single_inference_worker(lit_api, index)
+            return self.relaunch_worker(index)
 
         thread = threading.Thread(
             target=restart_dead_workers,
             kwargs={
-                "workers": self.inference_workers,
-                "setup_status": self.workers_setup_status,
-                "status_key": lambda index: f"{endpoint}_{index}",
+                "workers": self.worker_processes,
+                "state_of": self.worker_state,
                 "relaunch": relaunch,
-                "stopping": lambda: self._stop_requested,
+                "stopping": lambda: self.stop_requested,
                 "on_unrecoverable": stop_with_error,
             },
             name="vision-serve-worker-monitor",
@@ -340,7 +365,9 @@ def artifact_metadata(directory: str, manifest: Manifest) -> dict:
     }
 
 
-def build_server(settings: ServeSettings) -> VisionLitServer:
+def build_server(settings: ServeSettings, lit_api: ls.LitAPI | None = None) -> VisionLitServer:
+    """The server for ``settings``; ``lit_api`` replaces ``ClassifierAPI(settings)`` (the front-end
+    benchmark serves a no-op model through everything else)."""
     manifest = None
     if settings.artifact:
         settings, manifest = apply_artifact(settings)
@@ -373,9 +400,15 @@ def build_server(settings: ServeSettings) -> VisionLitServer:
     }
     if manifest is not None:
         metadata["artifact"] = artifact_metadata(settings.artifact, manifest)
+    workers = (1 if accelerator == "cpu" else devices) * settings.workers_per_device
+    settings = dataclasses.replace(
+        settings, pipeline_depth=resolve_pipeline_depth(settings.pipeline_depth, accelerator)
+    )
     return VisionLitServer(
-        ClassifierAPI(settings),
+        lit_api or ClassifierAPI(settings),
         settings,
+        api_servers=resolve_api_servers(settings.api_servers, accelerator, workers, os.cpu_count() or 1),
+        workers=workers,
         accelerator=accelerator,
         devices=devices,
         workers_per_device=settings.workers_per_device,
@@ -414,7 +447,7 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        if not server._stop_requested:
+        if not server.stop_requested:
             logger.info("%s received: shutting down.", signal.Signals(signum).name)
         server.request_stop()
 
@@ -428,6 +461,7 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             reap_children()
+            server.channels.remove()
 
 
 def _run(server: VisionLitServer, settings: ServeSettings) -> int:
@@ -436,6 +470,7 @@ def _run(server: VisionLitServer, settings: ServeSettings) -> int:
         server.run(
             host=settings.host,
             port=settings.port,
+            num_api_servers=server.api_servers,
             log_level=settings.log_level,
             generate_client_file=False,  # LitServe would otherwise write client.py into the cwd
             # uvicorn: no handlers of its own (its records reach ours, service/logs.py), and no access

@@ -37,6 +37,8 @@ class ServeSettings:
     max_batch_size: int = _defaults.MAX_BATCH_SIZE
     batch_timeout_ms: float = _defaults.BATCH_TIMEOUT_MS
     workers_per_device: int = _defaults.WORKERS_PER_DEVICE
+    api_servers: int = _defaults.API_SERVERS
+    pipeline_depth: int = _defaults.PIPELINE_DEPTH
     host: str = _defaults.HOST
     port: int = _defaults.PORT
     log_level: str = _defaults.LOG_LEVEL
@@ -55,6 +57,15 @@ class ServeSettings:
             raise ValueError(f"--batch-timeout-ms must be >= 0, got {self.batch_timeout_ms}.")
         if self.workers_per_device < 1:
             raise ValueError(f"--workers-per-device must be >= 1, got {self.workers_per_device}.")
+        if self.api_servers < 0:
+            raise ValueError(
+                f"--api-servers must be >= 1, or 0 to size it to the devices and cores, got {self.api_servers}."
+            )
+        if self.pipeline_depth < 0:
+            raise ValueError(
+                f"--pipeline-depth must be 1 (no overlap), 2 or more (prepare the next batches while one runs), "
+                f"or 0 to choose by device, got {self.pipeline_depth}."
+            )
         if self.host not in ALLOWED_HOSTS:
             raise ValueError(
                 f"--host must be one of {', '.join(ALLOWED_HOSTS)} (LitServe binds only these), got {self.host!r}. "

@@ -1,14 +1,11 @@
-"""Inference-worker health, seen from both sides of LitServe's queues.
+"""Inference-worker health, seen from both sides.
 
 - ``WorkerWatch`` runs in every HTTP process. It keeps a fresh copy of the workers' setup states
-  (for ``/ready`` and for refusing work while no worker can take it) and, on every poll, answers
-  with 503 the unanswered requests of any worker that is not ready (it died and is being
-  restarted). A worker takes requests only once ready, so a request attributed to a worker that is
-  not ready was taken by its dead predecessor; sweeping on every poll, not only on the change,
-  also catches a START message that arrives late. (A restart faster than a poll, which takes
-  seconds of model loading, would be missed; the deadline still answers those requests.)
-  LitServe's own restart logic tries to fail them from the main process, whose response buffer is
-  empty (the buffers live in the HTTP processes), so those requests would wait forever.
+  (for ``/ready``, and to send work only to ready workers) and, on every poll, answers with 503
+  the unanswered requests this process sent to any worker that is not ready: it died and is being
+  restarted. The HTTP process picks the worker of every request (service/channels.py), so it knows
+  exactly which requests a dead worker held. (A restart faster than a poll, which takes seconds of
+  model loading, would be missed; the deadline still answers those requests.)
 - ``restart_dead_workers`` runs in the main process: it notices a dead worker within a poll
   interval and starts a new one.
 """
@@ -18,21 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from fastapi import HTTPException
-from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
-
 from service._defaults import RETRY_AFTER_S
+from service.answers import Answer, error_answer
+from service.channels import ApiChannel
+from service.litserve_bridge import READY
 
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.1
 
 
-def worker_crashed_error() -> HTTPException:
-    return HTTPException(
+def worker_crashed_answer() -> Answer:
+    return error_answer(
         503,
         "The inference worker handling this request stopped unexpectedly and is being restarted. The request "
         "was not completed; retrying it is safe.",
@@ -40,67 +37,64 @@ def worker_crashed_error() -> HTTPException:
     )
 
 
-def worker_index(status_key: str) -> int:
-    """LitServe names setup states ``<endpoint>_<worker id>``."""
-    return int(status_key.rsplit("_", 1)[1])
+def worker_name(worker_id: int) -> str:
+    return f"worker_{worker_id}"
 
 
 class WorkerWatch:
     def __init__(
         self,
-        setup_status: Mapping[str, str],
-        response_buffer: MutableMapping[str, ResponseBufferItem],
+        read_states: Callable[[], dict[int, str]],
+        channel: ApiChannel,
         poll_interval_s: float = POLL_INTERVAL_S,
     ) -> None:
-        self._setup_status = setup_status  # a multiprocessing-manager dict, written by the workers
-        self._response_buffer = response_buffer
+        self._read_states = read_states  # worker id -> setup state, written by the workers
+        self._channel = channel
         self.poll_interval_s = poll_interval_s
-        self.states: dict[str, str] = {}
+        self.states: dict[int, str] = {}
+        self.ready_workers: list[int] = []
 
     @property
     def ready(self) -> bool:
         """Every inference worker has loaded its model and finished warm-up."""
-        return bool(self.states) and all(state == WorkerSetupStatus.READY for state in self.states.values())
+        return bool(self.states) and len(self.ready_workers) == len(self.states)
 
-    @property
-    def any_ready(self) -> bool:
-        return any(state == WorkerSetupStatus.READY for state in self.states.values())
+    def named_states(self) -> dict[str, str]:
+        """``{"worker_0": "ready", ...}``: for /ready and the workers gauge."""
+        return {worker_name(worker_id): state for worker_id, state in sorted(self.states.items())}
 
     def refresh(self) -> None:
-        # One round trip to the manager; and no await between reading and sweeping, so a START
-        # processed before this read came from a worker that was already ready (READY precedes it).
-        self.states = self._setup_status.copy()
-        for key, state in self.states.items():
-            if state != WorkerSetupStatus.READY:
-                self.fail_requests_of(worker_index(key))
+        self.apply(self._read_states())
 
-    def fail_requests_of(self, worker_id: int) -> None:
-        failed = 0
-        for item in list(self._response_buffer.values()):
-            if item.worker_id == worker_id and not item.event.is_set():
-                item.response = (worker_crashed_error(), LitAPIStatus.ERROR)
-                item.event.set()
-                failed += 1
-        if failed:
-            logger.warning("Answered %d request(s) held by inference worker %d with 503: it died.", failed, worker_id)
+    def apply(self, states: dict[int, str]) -> None:
+        self.states = states
+        self.ready_workers = [worker_id for worker_id, state in self.states.items() if state == READY]
+        for worker_id, state in self.states.items():
+            if state != READY:
+                failed = self._channel.fail_worker(worker_id, worker_crashed_answer())
+                if failed:
+                    logger.warning(
+                        "Answered %d request(s) held by inference worker %d with 503: it died.", failed, worker_id
+                    )
 
     async def run(self) -> None:
         while True:
             try:
-                self.refresh()
+                # A round trip to the multiprocessing manager, which a busy machine can hold up for
+                # a long time: in a thread, so deadlines and answers on this loop are not held up.
+                self.apply(await asyncio.to_thread(self._read_states))
             except (ConnectionError, EOFError):
                 return  # the manager is gone: the server is shutting down
             except Exception:
                 # Keep watching: a dead watch would freeze /ready and stop failing crashed requests.
                 logger.exception("Reading the inference workers' states failed; trying again.")
-                self.states = {}
+                self.states, self.ready_workers = {}, []
             await asyncio.sleep(self.poll_interval_s)
 
 
 def restart_dead_workers(
     workers: list[BaseProcess],
-    setup_status: Mapping[str, str],
-    status_key: Callable[[int], str],
+    state_of: Callable[[int], str | None],
     relaunch: Callable[[int], BaseProcess],
     stopping: Callable[[], bool],
     on_unrecoverable: Callable[[str], None],
@@ -119,8 +113,8 @@ def restart_dead_workers(
         for index, process in enumerate(workers):
             if process.is_alive() or stopping():
                 continue
-            state = setup_status.get(status_key(index))
-            if state != WorkerSetupStatus.READY:
+            state = state_of(index)
+            if state != READY:
                 on_unrecoverable(
                     f"Inference worker {index} (pid {process.pid}) died during its setup (state {state}, exit code "
                     f"{process.exitcode}); stopping the server."

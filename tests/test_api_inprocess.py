@@ -11,10 +11,13 @@ import base64
 import time
 
 import httpx
+import litserve as ls
 import pytest
 from asgi_lifespan import LifespanManager
 from litserve.utils import wrap_litserve_start
 
+from service.api import ClassifierAPI
+from service.litserve_bridge import started_in_process
 from service.server import build_server
 from service.settings import ServeSettings
 from tests.bad_inputs import bad_inputs
@@ -27,7 +30,7 @@ BATCH_WINDOW_S = 1.0
 
 
 def start(settings: ServeSettings):
-    return wrap_litserve_start(build_server(settings))
+    return started_in_process(build_server(settings))
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +143,32 @@ def test_dynamic_batches_form_under_load_with_the_default_greedy_batching(chelse
     assert all(r.status_code == 200 for r in responses)
     sizes = [int(r.headers["X-Batch-Size"]) for r in responses]
     assert max(sizes) > 1 and max(sizes) <= 8
+
+
+def test_classifier_api_serves_under_a_plain_litserver(chelsea_jpeg, truncated_jpeg) -> None:
+    # What a LitServe user gets by mounting ClassifierAPI in their own server: LitServe's own
+    # request path (its queues and batched loop), a JSON base64 body, and our answer format.
+    settings = ServeSettings(model="efficientnet-lite0", max_batch_size=4)
+    server = ls.LitServer(ClassifierAPI(settings), accelerator="cpu")
+    with wrap_litserve_start(server) as started:
+
+        async def go() -> list[httpx.Response]:
+            async with LifespanManager(started.app) as manager:
+                transport = httpx.ASGITransport(app=manager.app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+                    deadline = time.monotonic() + 120
+                    while (await client.get("/health")).text != "ok":
+                        assert time.monotonic() < deadline, "worker did not become ready"
+                        await asyncio.sleep(0.1)
+                    bodies = [chelsea_jpeg, truncated_jpeg]
+                    return [
+                        await client.post("/predict", json={"image": base64.b64encode(b).decode(), "top_k": 3})
+                        for b in bodies
+                    ]
+
+        good, bad = asyncio.run(go())
+    assert good.status_code == 200, good.text
+    body = good.json()
+    assert body["predictions"][0]["label"] in CAT_LABELS and len(body["predictions"]) == 3
+    assert body["model"] == "efficientnet-lite0"
+    assert bad.status_code == 400 and "truncated" in bad.json()["detail"]

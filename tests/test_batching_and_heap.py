@@ -1,116 +1,169 @@
 """The worker's batch collection (greedy, blocking, optional window) and the idle-time heap trimmer.
 
-The loop is exercised against a real ``multiprocessing`` manager queue, the kind LitServe hands it;
-only the LitAPI (three attributes) and the transport (records what the loop sends) stand in.
+The loop reads a real ``WorkerChannel`` (service/channels.py); the test sends requests into it and
+reads the answers over ZeroMQ sockets, as an HTTP process would. Only the LitAPI stands in.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import pickle
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
-from litserve.utils import LitAPIStatus
+import zmq
 
 from service import batching
-from service.batching import GreedyBatchedLoop
+from service.answers import Answer
+from service.batching import MODEL_FAILED, GreedyBatchedLoop
+from service.channels import ChannelConfig, WorkerChannel
 from service.heap import IDLE_BEFORE_TRIM_S, MAX_TRIM_GAP_S, HeapTrimmer
 from service.metrics import metrics
 
-
-class RecordingTransport:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
-
-    def send(self, item: tuple, consumer_id: int) -> None:
-        self.sent.append((consumer_id, item))
+DELIVERY_S = 0.2  # what a local socket needs, with room, to deliver what was sent
 
 
-@pytest.fixture(scope="module")
-def manager():
-    with mp.Manager() as running:
-        yield running
+@dataclass
+class Wire:
+    """The worker's channel, and the HTTP process's ends of it (a request sender, an answer reader)."""
+
+    worker: WorkerChannel
+    sender: zmq.Socket
+    answers: zmq.Socket
+
+    def put(self, n: int, start: int = 0, queued_at: float | None = None, wait: bool = True) -> None:
+        for i in range(start, start + n):
+            at = time.monotonic() if queued_at is None else queued_at
+            self.sender.send(pickle.dumps((0, f"uid-{i}", at, f"request-{i}")))
+        if wait:
+            time.sleep(DELIVERY_S)
+
+    def answered(self, timeout_s: float = 5.0) -> list[tuple[str, Answer]]:
+        received = []
+        while self.answers.poll(round(timeout_s * 1000) if not received else 100):
+            received.extend(pickle.loads(self.answers.recv()))
+        return received
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Iterator[Wire]:
+    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    context = zmq.Context()
+    answers = context.socket(zmq.PULL)
+    answers.bind(config.answer_address(0))
+    worker = WorkerChannel(config, 0)
+    sender = context.socket(zmq.PUSH)
+    sender.connect(config.request_address(0))
+    yield Wire(worker, sender, answers)
+    worker.close()
+    context.destroy(linger=0)
 
 
 def _loop() -> GreedyBatchedLoop:
-    loop = GreedyBatchedLoop()
-    loop._restart_workers = True  # what LitServer sets with restart_workers=True: START messages are sent
-    loop._worker_id = 0
-    return loop
+    return GreedyBatchedLoop(ChannelConfig("unused", 1, 1))
 
 
 def _api(max_batch_size: int = 4, batch_timeout: float = 0.0, request_timeout: float = 30.0) -> SimpleNamespace:
     return SimpleNamespace(max_batch_size=max_batch_size, batch_timeout=batch_timeout, request_timeout=request_timeout)
 
 
-def _put(queue, n: int, start: int = 0, queued_at: float | None = None) -> None:
-    for i in range(start, start + n):
-        queue.put((7, f"uid-{i}", time.monotonic() if queued_at is None else queued_at, f"request-{i}"))
-
-
-def test_takes_what_is_queued_without_waiting(manager) -> None:
-    queue, transport = manager.Queue(), RecordingTransport()
-    _put(queue, 3)
+def test_takes_what_is_queued_without_waiting(wire: Wire) -> None:
+    wire.put(3)
     started = time.monotonic()
-    payloads, timed_out = _loop().get_batch_requests(_api(), queue, transport)
+    batch = _loop().get_batch(_api(), wire.worker)
     assert time.monotonic() - started < 0.5  # no window: it did not wait for a 4th
-    assert [p[2] for p in payloads] == ["request-0", "request-1", "request-2"] and timed_out == []
-    # Each taken request was announced as started, so the HTTP process knows which worker holds it.
-    assert [(cid, item[0], item[1][1]) for cid, item in transport.sent] == [
-        (7, f"uid-{i}", LitAPIStatus.START) for i in range(3)
-    ]
+    assert [(m[0], m[1], m[3]) for m in batch] == [(0, f"uid-{i}", f"request-{i}") for i in range(3)]
 
 
-def test_never_exceeds_the_max_batch_size(manager) -> None:
-    queue = manager.Queue()
-    _put(queue, 6)
-    payloads, _ = _loop().get_batch_requests(_api(max_batch_size=4), queue, RecordingTransport())
-    assert len(payloads) == 4 and queue.qsize() == 2
+def test_never_exceeds_the_max_batch_size(wire: Wire) -> None:
+    wire.put(6)
+    loop = _loop()
+    assert len(loop.get_batch(_api(max_batch_size=4), wire.worker)) == 4
+    assert len(loop.get_batch(_api(max_batch_size=4), wire.worker)) == 2, "the rest waits for the next batch"
 
 
-def test_a_window_waits_for_late_arrivals_and_then_stops(manager) -> None:
-    queue = manager.Queue()
-    _put(queue, 1)
-    threading.Timer(0.1, _put, (queue, 1, 1)).start()
+def test_a_window_waits_for_late_arrivals_and_then_stops(wire: Wire) -> None:
+    wire.put(1)
+    threading.Timer(0.1, wire.put, (1, 1), {"wait": False}).start()
     started = time.monotonic()
-    payloads, _ = _loop().get_batch_requests(_api(batch_timeout=0.5), queue, RecordingTransport())
+    batch = _loop().get_batch(_api(batch_timeout=0.5), wire.worker)
     elapsed = time.monotonic() - started
-    assert [p[2] for p in payloads] == ["request-0", "request-1"]
+    assert [m[3] for m in batch] == ["request-0", "request-1"]
     assert 0.45 <= elapsed < 2.0  # the window runs from the first request; nothing else came
 
 
-def test_an_idle_queue_returns_empty_after_the_idle_wait(manager, monkeypatch) -> None:
+def test_an_idle_channel_returns_empty_after_the_idle_wait(wire: Wire, monkeypatch) -> None:
     monkeypatch.setattr(batching, "IDLE_WAIT_S", 0.05)
-    assert _loop().get_batch_requests(_api(), manager.Queue(), RecordingTransport()) == ([], [])
+    assert _loop().get_batch(_api(), wire.worker) == []
 
 
 def expired_count() -> float:
     return metrics().registry.get_sample_value("vision_serve_requests_expired_total") or 0.0
 
 
-def test_expired_requests_are_answered_504_counted_and_not_run(manager, caplog) -> None:
-    queue, transport, loop = manager.Queue(), RecordingTransport(), _loop()
+def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplog) -> None:
+    loop = _loop()
     before = expired_count()
     for _ in range(2):  # two rounds: the second drop is counted but not logged again so soon
-        _put(queue, 1, queued_at=time.monotonic() - 60)
-        _put(queue, 1, start=1)
-        payloads, timed_out = loop.get_batch_requests(_api(request_timeout=30), queue, transport)
-        assert timed_out == [] and [p[1] for p in payloads] == ["uid-1"]
-    answers = [(uid, message[0]) for _, (uid, message) in transport.sent if message[1] == LitAPIStatus.ERROR]
-    assert [(uid, error.status_code) for uid, error in answers] == [("uid-0", 504), ("uid-0", 504)]
+        wire.put(1, queued_at=time.monotonic() - 60, wait=False)
+        wire.put(1, start=1)
+        assert [m[1] for m in loop.get_batch(_api(request_timeout=30), wire.worker)] == ["uid-1"]
+    assert [(uid, answer.status_code) for uid, answer in wire.answered()] == [("uid-0", 504), ("uid-0", 504)]
     assert expired_count() == before + 2
     dropped = [r for r in caplog.records if r.name == "service.batching" and "Dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING"
 
 
-def test_the_shutdown_sentinel_stops_the_loop(manager) -> None:
-    queue = manager.Queue()
-    queue.put(_SENTINEL_VALUE)
-    with pytest.raises(_StopLoopError):
-        _loop().get_batch_requests(_api(), queue, RecordingTransport())
+class EchoAPI:
+    """batch/predict/unbatch/to_answer of a model that answers each request's text, or fails."""
+
+    max_batch_size, batch_timeout, request_timeout = 8, 0.0, 30.0
+
+    def __init__(self, fail: bool = False, drop_one: bool = False) -> None:
+        self.fail, self.drop_one = fail, drop_one
+
+    def decode_request(self, request: str) -> str:
+        return request
+
+    def batch(self, inputs: list[str]) -> list[str]:
+        return inputs
+
+    def predict(self, batch: list[str]) -> list[str]:
+        if self.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return batch[1:] if self.drop_one else batch
+
+    def unbatch(self, output: list[str]) -> list[str]:
+        return output
+
+    def to_answer(self, output: str) -> Answer:
+        return Answer(predictions=((0, output, 1.0),), batch_size=1)
+
+
+def test_each_request_of_a_batch_gets_its_own_answer(wire: Wire) -> None:
+    wire.put(3)
+    loop, api = _loop(), EchoAPI()
+    loop.run_batch(api, wire.worker, 0, loop.get_batch(api, wire.worker))
+    assert [(uid, answer.predictions[0][1]) for uid, answer in wire.answered()] == [
+        (f"uid-{i}", f"request-{i}") for i in range(3)
+    ]
+
+
+@pytest.mark.parametrize("api", [EchoAPI(fail=True), EchoAPI(drop_one=True)], ids=["model-raises", "output-missing"])
+def test_a_failed_batch_answers_every_request_500_and_the_loop_goes_on(wire: Wire, api: EchoAPI, caplog) -> None:
+    wire.put(2)
+    loop = GreedyBatchedLoop(ChannelConfig("unused", 1, 1), running=[5])
+    loop.run_batch(api, wire.worker, 0, loop.get_batch(api, wire.worker))
+    assert [(uid, a.status_code, a.detail) for uid, a in wire.answered()] == [
+        ("uid-0", 500, MODEL_FAILED),
+        ("uid-1", 500, MODEL_FAILED),
+    ]
+    assert loop.running == [0], "the running-batch count is cleared after a failure too"
+    assert any("The model failed on a batch of 2" in r.getMessage() for r in caplog.records)
 
 
 class CountingTrim:
@@ -173,3 +226,43 @@ def test_a_batch_that_starts_while_a_trim_is_claimed_keeps_its_dirt() -> None:
     with trimmer.busy():  # a batch right after the trim: its garbage must get the next trim
         pass
     assert trimmer.trim_if_due(time.monotonic() + IDLE_BEFORE_TRIM_S + 0.01)
+
+
+class PrepareFailsOn(EchoAPI):
+    max_batch_size = 2
+
+    def __init__(self, bad: str) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def batch(self, inputs: list[str]) -> list[str]:
+        if self.bad in inputs:
+            raise ValueError("a preprocessing bug")
+        return inputs
+
+
+def test_the_pipelined_loop_answers_every_request_and_survives_a_failed_prepare(wire: Wire) -> None:
+    wire.put(6)
+    loop, stop = GreedyBatchedLoop(ChannelConfig("unused", 1, 1), running=[0], pipeline_depth=2), threading.Event()
+    thread = threading.Thread(target=loop.serve_pipelined, args=(PrepareFailsOn("request-3"), wire.worker, 0, stop))
+    thread.start()
+    try:
+        answers = {}
+        while len(answers) < 6:
+            got = wire.answered()
+            assert got, f"only {sorted(answers)} answered"
+            answers.update((uid, (a.status_code, a.predictions)) for uid, a in got)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive(), "the loop must end when told to"
+    # Batches of 2: the one holding request-3 failed in preparation; the others were answered.
+    assert {uid: code for uid, (code, _) in answers.items()} == {
+        "uid-0": 200, "uid-1": 200, "uid-2": 500, "uid-3": 500, "uid-4": 200, "uid-5": 200,
+    }  # fmt: skip
+    assert answers["uid-4"][1][0][1] == "request-4"
+
+
+def test_pipeline_depth_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="pipeline_depth must be >= 1"):
+        GreedyBatchedLoop(ChannelConfig("unused", 1, 1), pipeline_depth=0)

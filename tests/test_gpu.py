@@ -47,6 +47,18 @@ def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) ->
     assert used.labels == {"device": "cuda:0"} and 0 < used.value < total.value  # the model is on it
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("depth", ["1", "2"], ids=["one-batch-at-a-time", "pipelined"])
+def test_pipelined_worker_answers_like_the_sequential_one(tmp_path, depth: str) -> None:
+    # Depth 2 prepares the next batch on a CUDA stream of its own while the engine runs this one:
+    # the answers, the bad-item isolation and the shared batch must not change.
+    args = ["--model", "efficientnet-lite0", "--device", "cuda:0", "--preprocess", "torch", "--max-batch-size", "8"]
+    args += ["--batch-timeout-ms", "500", "--pipeline-depth", depth]
+    with ServerProcess(args, log_path=tmp_path / "server.log") as server:
+        assert httpx.get(f"{server.url}/info").json()["server"]["pipeline_depth"] == int(depth)
+        check_batch_of_8_with_2_corrupt(server, f"pipeline depth {depth}")
+
+
 def compile_lite0(output: Path, backend: str, precision: str) -> Path:
     """compile-trt as its own process, as users run it: on a GPU it restarts itself with the compiler's
     libstdc++ preloaded (compile/libstdcxx.py), which a call inside pytest's process cannot do."""

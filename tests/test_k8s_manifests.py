@@ -302,7 +302,7 @@ def test_probes_use_the_servers_endpoints_on_the_service_port():
     assert probes["startupProbe"]["path"] in ("/health", "/ready")
     from service.server import VisionLitServer
 
-    routes = inspect.getsource(VisionLitServer._register_internal_endpoints)
+    routes = inspect.getsource(VisionLitServer.register_routes)
     for path in ("/ready", "/health", "/metrics"):
         assert f'"{path}"' in routes, f"the server has no {path} route"
     annotations = deployment()["spec"]["template"]["metadata"]["annotations"]

@@ -66,7 +66,7 @@ def test_without_multiprocess_mode_a_process_shows_its_own_values(monkeypatch) -
             queue_depth=lambda: 2,
             in_flight=lambda: 9,
             in_flight_limit=64,
-            worker_states=lambda: {"predict_0": "ready", "predict_1": "starting"},
+            worker_states=lambda: {"worker_0": "ready", "worker_1": "starting"},
             build_info={"version": "1", "model": "m"},
         )
     )

@@ -67,7 +67,7 @@ def test_probes_answer_without_the_key(guarded_server) -> None:
     health = httpx.get(f"{guarded_server.url}/health")
     ready = httpx.get(f"{guarded_server.url}/ready")
     assert health.status_code == 200 and health.json() == {"status": "alive"}
-    assert ready.status_code == 200 and ready.json() == {"ready": True, "workers": {"predict_0": "ready"}}
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "workers": {"worker_0": "ready"}}
 
 
 def test_predict_and_info_need_the_key(guarded_server, chelsea_jpeg) -> None:

@@ -10,17 +10,19 @@ from __future__ import annotations
 import asyncio
 import hmac
 import multiprocessing
+import time
+from pathlib import Path
 
 import pytest
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
-from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
 
 from service.admission import AdmissionGate
 from service.auth import ApiKeyAuth
+from service.channels import ApiChannel, ChannelConfig
+from service.litserve_bridge import ERROR, READY, STARTING
+from service.request_parsing import ImageRequest
 from service.worker_watch import WorkerWatch, restart_dead_workers
-
-READY, STARTING, ERROR = WorkerSetupStatus.READY, WorkerSetupStatus.STARTING, WorkerSetupStatus.ERROR
 
 
 def test_admission_gate_bounds_and_recovers() -> None:
@@ -95,36 +97,42 @@ def test_empty_api_key_is_refused() -> None:
         ApiKeyAuth("")
 
 
-def _pending(worker_id: int | None) -> ResponseBufferItem:
-    return ResponseBufferItem(asyncio.Event(), worker_id=worker_id)
+def test_watch_fails_only_the_dead_workers_requests(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=2), 0)
+        states = {0: READY, 1: READY}
+        watch = WorkerWatch(lambda: dict(states), channel)
+        watch.refresh()
+        assert watch.ready and watch.ready_workers == [0, 1]
+        held_by_0 = channel.submit(0, "a", time.monotonic(), ImageRequest(b"jpeg"))
+        held_by_1 = channel.submit(1, "b", time.monotonic(), ImageRequest(b"jpeg"))
+        states[0] = STARTING  # the monitor restarts worker 0 after it died
+        watch.refresh()
+        assert not watch.ready and watch.ready_workers == [1]
+        answer = held_by_0.result()
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+        assert not held_by_1.done()  # worker 1 is fine
+        # Sent to worker 0 by a request that picked it just before this process saw the state.
+        late = channel.submit(0, "late", time.monotonic(), ImageRequest(b"jpeg"))
+        watch.refresh()
+        assert late.result().status_code == 503
+        states[0] = READY
+        watch.refresh()
+        assert watch.ready and watch.named_states() == {"worker_0": READY, "worker_1": READY}
+        channel.close()
+
+    asyncio.run(scenario())
 
 
-def test_watch_fails_only_the_dead_workers_requests() -> None:
-    status = {"predict_0": READY, "predict_1": READY}
-    buffer = {"a": _pending(0), "b": _pending(1), "queued": _pending(None)}
-    watch = WorkerWatch(status, buffer)
-    watch.refresh()
-    assert watch.ready and watch.any_ready
-    status["predict_0"] = STARTING  # the monitor restarts worker 0 after it died
-    watch.refresh()
-    assert not watch.ready and watch.any_ready
-    error, state = buffer["a"].response
-    assert state == LitAPIStatus.ERROR and isinstance(error, HTTPException) and error.status_code == 503
-    assert error.headers["Retry-After"] == "1"
-    assert not buffer["b"].event.is_set()  # worker 1 is fine
-    assert not buffer["queued"].event.is_set()  # still queued: the restarted worker will take it
-    buffer["late"] = _pending(0)  # the dead worker's START for it arrived after the sweep
-    watch.refresh()
-    assert buffer["late"].response[0].status_code == 503
-    status["predict_0"] = READY
-    watch.refresh()
-    assert watch.ready
+def test_watch_is_not_ready_before_any_worker_reports(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)
+        watch = WorkerWatch(dict, channel)
+        watch.refresh()
+        assert not watch.ready and watch.ready_workers == []
+        channel.close()
 
-
-def test_watch_is_not_ready_before_any_worker_reports() -> None:
-    watch = WorkerWatch({}, {})
-    watch.refresh()
-    assert not watch.ready and not watch.any_ready
+    asyncio.run(scenario())
 
 
 class FakeProcess:
@@ -139,18 +147,17 @@ class FakeProcess:
 
 def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
     workers = [FakeProcess(), FakeProcess(alive=False, pid=2)]
-    status = {"predict_0": READY, "predict_1": READY}
+    status = {0: READY, 1: READY}
     relaunched, stopped, rounds = [], [], []
 
     def relaunch(index: int) -> FakeProcess:
         relaunched.append(index)
-        status[f"predict_{index}"] = ERROR  # the new worker's setup fails (say, the GPU is gone)
+        status[index] = ERROR  # the new worker's setup fails (say, the GPU is gone)
         return FakeProcess(alive=False, pid=3)
 
     restart_dead_workers(
         workers,
-        status,
-        status_key=lambda i: f"predict_{i}",
+        status.get,
         relaunch=relaunch,
         stopping=lambda: bool(stopped) or len(rounds) > 5,
         on_unrecoverable=stopped.append,
@@ -166,8 +173,7 @@ def test_restarter_stops_when_a_worker_dies_before_it_was_ready(state) -> None:
     stopped = []
     restart_dead_workers(
         [FakeProcess(alive=False)],
-        {"predict_0": state},  # killed while loading (OOM), or its setup raised
-        status_key=lambda i: f"predict_{i}",
+        {0: state}.get,  # killed while loading (OOM), or its setup raised
         relaunch=lambda index: pytest.fail("must not restart a worker that never became ready"),
         stopping=lambda: bool(stopped),
         on_unrecoverable=stopped.append,
@@ -184,8 +190,7 @@ def test_restarter_stops_when_relaunching_fails() -> None:
 
     restart_dead_workers(
         [FakeProcess(alive=False)],
-        {"predict_0": READY},
-        status_key=lambda i: f"predict_{i}",
+        {0: READY}.get,
         relaunch=relaunch,
         stopping=lambda: bool(stopped),
         on_unrecoverable=stopped.append,

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
 from service.request_parsing import RequestLimits, decode_base64_image, parse_top_k, read_image_request
-from service.server import resolve_device
+from service.server import resolve_api_servers, resolve_device, resolve_pipeline_depth
 from service.settings import ServeSettings, env_overrides
 
 SMALL_LIMIT = 1000
@@ -200,6 +200,8 @@ def test_bad_env_value_is_named(env, words) -> None:
         (["--api-key", "cl\u00e9"], "printable ASCII"),
         (["--request-timeout-s", "0.004", "--batch-timeout-ms", "5"], "must be longer than --batch-timeout-ms"),
         (["--api-key", " padded"], "without spaces at its ends"),
+        (["--api-servers", "-1"], "--api-servers must be >= 1, or 0"),
+        (["--pipeline-depth", "-1"], "--pipeline-depth must be 1 (no overlap)"),
     ],
 )
 def test_cli_rejects_bad_settings_with_a_fix(argv, words, capsys, monkeypatch) -> None:
@@ -208,6 +210,19 @@ def test_cli_rejects_bad_settings_with_a_fix(argv, words, capsys, monkeypatch) -
         main(argv)
     assert exited.value.code == 2
     assert words in capsys.readouterr().err
+
+
+def test_api_servers_fit_the_device_and_cores() -> None:
+    assert resolve_api_servers(3, "cuda", 1, 16) == 3  # asked for: as asked
+    assert resolve_api_servers(0, "cpu", 2, 2) == 2  # a CPU: one per worker, the model wants the cores
+    assert resolve_api_servers(0, "cuda", 1, 16) == 4  # a GPU: a quarter of the cores
+    assert resolve_api_servers(0, "cuda", 8, 16) == 8  # and never fewer than the workers
+    assert resolve_api_servers(0, "cuda", 1, 2) == 1
+
+
+def test_pipeline_depth_fits_the_device() -> None:
+    assert resolve_pipeline_depth(0, "cpu") == 1 and resolve_pipeline_depth(0, "cuda") == 2
+    assert resolve_pipeline_depth(3, "cpu") == 3
 
 
 def test_resolve_device() -> None:

@@ -1,0 +1,218 @@
+"""Every use of LitServe's internals, in one place, checked against the one version it was written for.
+
+vision-serve keeps ``ls.LitAPI`` as its model contract and LitServe's process management (the
+spawned inference workers, the forked uvicorn processes, graceful shutdown), and replaces its
+request path: routes, request and answer transport (service/channels.py), batching loop, worker
+recovery. That needs hooks LitServe does not make public. ``LitServerBridge`` turns them into
+plain methods for service/server.py; ``WorkerLoop`` does the same for the worker's loop.
+tests/test_litserve_bridge.py holds one contract test per internal used here, so an upgrade that
+moves one fails there, by name, instead of somewhere in the request path.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import litserve as ls
+from fastapi import FastAPI
+from litserve.loops.base import DefaultLoop
+from litserve.utils import WorkerSetupStatus, wrap_litserve_start
+
+SUPPORTED_LITSERVE = "0.2.19"
+
+
+def check_litserve_version(installed: str) -> None:
+    if installed != SUPPORTED_LITSERVE:
+        raise ImportError(
+            f"vision-serve uses LitServe internals checked against litserve=={SUPPORTED_LITSERVE}, but "
+            f"{installed} is installed: pip install litserve=={SUPPORTED_LITSERVE}. To move to a new "
+            "version, run tests/test_litserve_bridge.py against it and fix service/litserve_bridge.py."
+        )
+
+
+check_litserve_version(ls.__version__)
+
+# Worker setup states, as LitServe's workers write them into the shared status dict.
+STARTING = WorkerSetupStatus.STARTING
+READY = WorkerSetupStatus.READY
+ERROR = WorkerSetupStatus.ERROR
+WORKER_STATES = (STARTING, READY, ERROR)
+
+
+class StartupInterrupted(Exception):
+    """A stop signal arrived before any worker was ready."""
+
+
+class WorkerStartupFailed(RuntimeError):
+    """An inference worker's setup raised; its traceback is in the log above."""
+
+
+def worker_id_of(status_key: str) -> int:
+    """LitServe names setup states ``<endpoint>_<worker id>``."""
+    return int(status_key.rsplit("_", 1)[1])
+
+
+class WorkerLoop(DefaultLoop):
+    """A worker's loop: LitServe calls it once, after ``setup`` and after marking the worker ready.
+
+    Subclasses implement ``serve(lit_api, worker_id)``, which runs until the process is stopped.
+    LitServe also hands over its request queue and response transport; they are not used.
+    """
+
+    def __call__(
+        self,
+        lit_api: ls.LitAPI,
+        device: str,
+        worker_id: int,
+        request_queue: object,
+        transport: object,
+        workers_setup_status: object,
+        callback_runner: object,
+    ) -> None:
+        self.serve(lit_api, worker_id)
+
+    @abc.abstractmethod
+    def serve(self, lit_api: ls.LitAPI, worker_id: int) -> None: ...
+
+
+class LitServerBridge(ls.LitServer):
+    """``ls.LitServer`` with its internal hooks turned into the methods below.
+
+    Subclasses implement ``register_routes`` (every route of the app), ``http_process`` (an async
+    context around each HTTP process's life, with its index), ``before_http_processes`` and
+    ``start_worker_monitor``; they may call ``request_stop``, ``worker_states``,
+    ``relaunch_worker`` and read ``lit_api`` (LitServer's own attribute), ``worker_processes``,
+    ``worker_count`` and ``stop_requested``.
+    """
+
+    stop_requested = False
+
+    # -- what subclasses implement ---------------------------------------------------------------
+    def register_routes(self, app: FastAPI, api_path: str) -> None:
+        raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def http_process(self, app: FastAPI, api_server: int) -> AsyncIterator[None]:
+        yield
+
+    def before_http_processes(self) -> None:
+        """In the main process, after the workers started and before the HTTP processes fork."""
+
+    def start_worker_monitor(self) -> None:
+        """In the main process, once a worker is ready; should watch ``worker_processes``."""
+
+    # -- what subclasses use ---------------------------------------------------------------------
+    @property
+    def worker_count(self) -> int:
+        """Inference worker processes: devices x workers per device."""
+        return len(self._inference_workers_config_for_api(self.lit_api.api_path))
+
+    @property
+    def worker_processes(self) -> list[BaseProcess]:
+        """The inference worker processes, by worker id; ``relaunch_worker`` replaces entries."""
+        return self.inference_workers
+
+    def worker_states(self) -> dict[int, str]:
+        """Worker id -> ``STARTING``, ``READY`` or ``ERROR`` (one round trip to the manager)."""
+        return {worker_id_of(key): state for key, state in self.workers_setup_status.copy().items()}
+
+    def worker_state(self, worker_id: int) -> str | None:
+        endpoint = self.lit_api.api_path.split("/")[-1]
+        return self.workers_setup_status.get(f"{endpoint}_{worker_id}")
+
+    def relaunch_worker(self, worker_id: int) -> BaseProcess:
+        """Start a new worker in the dead one's place; its state is STARTING until it is ready."""
+        return self.launch_single_inference_worker(self.lit_api, worker_id)
+
+    def request_stop(self, start_thread: Callable[[Callable[[], None]], None]) -> None:
+        """Take LitServe's graceful shutdown path (its /shutdown endpoint's): uvicorn stops accepting
+        and finishes what it holds while the workers still answer; the workers stop after that.
+
+        ``start_thread`` runs the event's ``set`` in a new thread: the event is a manager proxy that
+        the main thread may be blocked on, and a proxy connection must not be re-entered.
+        """
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        event = self._shutdown_event
+        if event is not None:
+            start_thread(event.set)
+
+    # -- LitServe's internal hooks, overridden ----------------------------------------------------
+    def _init_manager(self, num_api_servers: int) -> object:
+        manager = super()._init_manager(num_api_servers)
+        self.before_http_processes()
+        return manager
+
+    def verify_worker_status(self) -> None:
+        # LitServer.run waits here for the first ready worker; this wait also ends on a stop
+        # request or a worker whose setup failed, instead of forever.
+        while True:
+            states = self.worker_states().values()
+            if READY in states:
+                return
+            if self.stop_requested:
+                raise StartupInterrupted()
+            if ERROR in states or not any(worker.is_alive() for worker in self.inference_workers):
+                raise WorkerStartupFailed(
+                    "An inference worker failed to start (its error is logged above): check --model, "
+                    "--weights and --device."
+                )
+            time.sleep(0.05)
+
+    def _register_internal_endpoints(self) -> None:
+        pass  # every route, LitServe's /health and /info included, comes from register_routes
+
+    def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
+        self.register_routes(self.app, lit_api.api_path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        # Not LitServer.lifespan: that starts the reader of LitServe's response queues, which
+        # carry nothing here (answers come over service/channels.py).
+        async with self.http_process(app, app.response_queue_id):
+            yield
+
+    def _start_worker_monitoring(self, manager: object, uvicorn_workers: object) -> None:
+        self.start_worker_monitor()
+
+
+class _AppWithFastRoutes(FastAPI):
+    """A FastAPI app that answers a few (method, path) pairs with plain ASGI handlers, ahead of its
+    own middleware, routing and dependency stack (which cost more per request than everything else
+    in the HTTP process together, measured). Every other request takes FastAPI's path."""
+
+    fast_routes: dict[tuple[str, str], Callable[..., Any]]
+
+    async def __call__(self, scope: dict, receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "http":
+            handler = self.fast_routes.get((scope["method"], scope["path"]))
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def add_fast_route(app: FastAPI, method: str, path: str, handler: Callable[..., Any]) -> None:
+    """Answer ``method path`` with the ASGI ``handler`` before FastAPI sees the request.
+
+    LitServe builds the app (``LitServer.app``) and hands each HTTP process a shallow copy of it
+    (``_start_server``); turning the instance into a subclass keeps both its routes and that copy.
+    """
+    if not isinstance(app, _AppWithFastRoutes):
+        app.__class__ = _AppWithFastRoutes
+        app.fast_routes = {}
+    app.fast_routes[(method, path)] = handler
+
+
+@contextlib.contextmanager
+def started_in_process(server: LitServerBridge) -> Iterator[LitServerBridge]:
+    """The workers started and the app ready for an in-process ASGI client (one HTTP process, id 0),
+    as LitServe's own test helper does; for tests."""
+    with wrap_litserve_start(server) as started:
+        yield started

@@ -1,0 +1,140 @@
+"""The request and answer channels (service/channels.py) between HTTP processes and workers.
+
+Real ZeroMQ sockets over Unix sockets in a temporary folder, both ends in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from service.answers import Answer, error_answer
+from service.channels import ApiChannel, ChannelConfig, ChannelFull, WorkerChannel
+from service.request_parsing import ImageRequest
+
+TIMEOUT_S = 5.0
+
+
+def answer_for(request: ImageRequest) -> Answer:
+    return Answer(predictions=((0, request.image.decode(), 1.0),), batch_size=1)
+
+
+def test_a_request_reaches_the_chosen_worker_and_its_answer_comes_back(tmp_path: Path) -> None:
+    config = ChannelConfig(str(tmp_path), api_servers=2, workers=2)
+
+    async def scenario() -> None:
+        api = ApiChannel(config, api_server=1)
+        workers = [WorkerChannel(config, worker_id) for worker_id in range(2)]
+        receiving = asyncio.create_task(api.receive_answers())
+        try:
+            future = api.submit(1, "uid-1", time.monotonic(), ImageRequest(b"cat", top_k=3))
+            message = await asyncio.to_thread(workers[1].receive, TIMEOUT_S)
+            assert workers[0].receive(0) is None, "only the chosen worker gets it"
+            api_server, uid, _, request = message
+            assert (api_server, uid, request.image, request.top_k) == (1, "uid-1", b"cat", 3)
+            workers[1].answer(api_server, uid, answer_for(request))
+            answer = await asyncio.wait_for(future, TIMEOUT_S)
+            assert answer.predictions == ((0, "cat", 1.0),)
+        finally:
+            receiving.cancel()
+            api.close()
+            for worker in workers:
+                worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_least_busy_ready_worker_is_picked(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        api = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=3), 0)
+        assert api.pick_worker([]) is None
+        assert api.pick_worker([0, 1, 2]) == 0
+        api.submit(0, "a", time.monotonic(), ImageRequest(b"x"))
+        assert api.pick_worker([0, 1, 2]) == 1
+        api.submit(1, "b", time.monotonic(), ImageRequest(b"x"))
+        assert api.pick_worker([0, 1]) == 0, "a tie goes to the first listed"
+        assert api.pick_worker([0, 1, 2]) == 2
+        api.forget("a")
+        assert api.pick_worker([0, 1]) == 0
+        api.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_late_answer_for_a_forgotten_request_is_dropped(tmp_path: Path) -> None:
+    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+
+    async def scenario() -> None:
+        api = ApiChannel(config, 0)
+        worker = WorkerChannel(config, 0)
+        receiving = asyncio.create_task(api.receive_answers())
+        try:
+            gone = api.submit(0, "gone", time.monotonic(), ImageRequest(b"a"))
+            waiting = api.submit(0, "waiting", time.monotonic(), ImageRequest(b"b"))
+            api.forget("gone")  # its client got a 504
+            for _ in range(2):
+                api_server, uid, _, request = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+                worker.answer(api_server, uid, answer_for(request))
+            assert (await asyncio.wait_for(waiting, TIMEOUT_S)).predictions[0][1] == "b"
+            assert not gone.done()
+        finally:
+            receiving.cancel()
+            api.close()
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_path: Path) -> None:
+    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+
+    async def scenario() -> None:
+        api = ApiChannel(config, 0)
+        # No worker is bound yet (it died): the requests wait in this process's pipe.
+        held = [api.submit(0, f"uid-{i}", time.monotonic(), ImageRequest(b"x")) for i in range(3)]
+        assert api.fail_worker(0, error_answer(503, "worker died")) == 3
+        assert [f.result().status_code for f in held] == [503, 503, 503]
+        assert api.pick_worker([0]) == 0 and api.fail_worker(0, error_answer(503, "again")) == 0
+        restarted = WorkerChannel(config, 0)
+        try:
+            assert restarted.receive(0.5) is None, "the restarted worker must not run answered requests"
+            api.submit(0, "new", time.monotonic(), ImageRequest(b"y"))
+            assert (await asyncio.to_thread(restarted.receive, TIMEOUT_S))[1] == "new"
+        finally:
+            restarted.close()
+            api.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_stopped_reading_makes_submit_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service import channels
+
+    monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
+    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+
+    async def scenario() -> None:
+        api = ApiChannel(config, 0)
+        try:
+            with pytest.raises(ChannelFull, match="worker 0 is not reading"):
+                for i in range(1000):
+                    api.submit(0, f"uid-{i}", time.monotonic(), ImageRequest(b"x"))
+        finally:
+            api.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Path, monkeypatch) -> None:
+    from service import channels
+
+    monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
+    worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)
+    started = time.monotonic()
+    for i in range(100):  # nobody binds answers-0
+        worker.answer(0, f"uid-{i}", error_answer(504, "late"))
+    assert time.monotonic() - started < 2.0
+    worker.close()
