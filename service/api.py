@@ -33,7 +33,7 @@ from service.heap import HeapTrimmer
 from service.logs import configure_logging
 from service.metrics import metrics, record_gpu_memory
 from service.request_parsing import ImageRequest, image_request_from_json
-from service.settings import ServeSettings
+from service.settings import ServeSettings, resolve_pipeline_depth
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ class ClassifierAPI(ls.LitAPI):
         self.torch_device = torch_device
         # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
         # that work goes on a stream of its own, so it overlaps the engine's (service/batching.py).
-        pipelined = self.settings.pipeline_depth != 1  # 0 (auto) means 2 on a GPU
-        self.prepare_stream = torch.cuda.Stream(torch_device) if torch_device.type == "cuda" and pipelined else None
+        pipelined = resolve_pipeline_depth(self.settings.pipeline_depth, torch_device.type) > 1
+        self.prepare_stream = torch.cuda.Stream(torch_device) if pipelined and torch_device.type == "cuda" else None
         self.heap_trimmer = HeapTrimmer().start()
         self.preprocessor = create_preprocessor(
             self.settings.preprocess,

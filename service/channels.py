@@ -154,9 +154,7 @@ class ApiChannel:
 
     def forget(self, uid: int) -> None:
         """The request got its HTTP answer (or gave up): a late worker answer is dropped."""
-        entry = self._pending.pop(uid, None)
-        if entry is not None:
-            self._unanswered[entry[0]] -= 1
+        self._take(uid)
 
     def fail_worker(self, worker_id: int, answer: Answer) -> int:
         """Answer every request held by ``worker_id`` with ``answer``, and drop those it never took.
@@ -165,10 +163,7 @@ class ApiChannel:
         """
         held = [uid for uid, (worker, _) in self._pending.items() if worker == worker_id]
         for uid in held:
-            _, future = self._pending.pop(uid)
-            self._unanswered[worker_id] -= 1
-            if not future.done():
-                future.set_result(answer)
+            self._settle(uid, answer)
         if held:
             # Requests still queued in the pipe would otherwise reach the restarted worker and run
             # for clients that already have their 503.
@@ -180,13 +175,22 @@ class ApiChannel:
         """Route each answer to its waiting request; runs for the life of the HTTP process."""
         while True:
             for uid, answer in pickle.loads(await self._answers.recv()):
-                entry = self._pending.pop(uid, None)
-                if entry is None:
-                    continue  # its client already had an answer (504, or 503 for a dead worker)
-                worker_id, future = entry
-                self._unanswered[worker_id] -= 1
-                if not future.done():
-                    future.set_result(answer)
+                self._settle(uid, answer)
+
+    def _settle(self, uid: int, answer: Answer) -> None:
+        future = self._take(uid)
+        # None: its client already had an answer (504, or 503 for a dead worker).
+        if future is not None and not future.done():
+            future.set_result(answer)
+
+    def _take(self, uid: int) -> asyncio.Future[Answer] | None:
+        """Stop waiting for ``uid``: its future, or ``None`` if nobody was."""
+        entry = self._pending.pop(uid, None)
+        if entry is None:
+            return None
+        worker_id, future = entry
+        self._unanswered[worker_id] -= 1
+        return future
 
     def close(self) -> None:
         self._async_context.destroy(linger=0)

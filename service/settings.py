@@ -111,6 +111,33 @@ class ServeSettings:
         return values
 
 
+def resolve_api_servers(requested: int, accelerator: str, inference_workers: int, cpu_count: int) -> int:
+    """``--api-servers``: the number asked for, or for 0 a number that fits the devices and cores.
+
+    On a CPU the model's threads want every core, and a few dozen images per second need no more
+    than LitServe's one HTTP process per inference worker. A GPU classifies thousands per second,
+    each one parsed, checked and answered in an HTTP process: give them a quarter of the cores (at
+    least one per worker), leaving the rest to decoding and the workers.
+    """
+    if requested > 0:
+        return requested
+    if accelerator == "cpu":
+        return inference_workers
+    return max(inference_workers, cpu_count // 4)
+
+
+def resolve_pipeline_depth(requested: int, accelerator: str) -> int:
+    """``--pipeline-depth``: the number asked for, or for 0 one that fits the device.
+
+    On a GPU, decoding and resizing the next batch (its own CUDA stream, and CPU work for the
+    decoders) overlaps the engine's run of this one. On a CPU both stages want the same cores, and
+    the overlap did not pay on 2 cores (benchmarks/pipeline.py): there, one batch at a time.
+    """
+    if requested > 0:
+        return requested
+    return 1 if accelerator == "cpu" else 2
+
+
 def env_var(field_name: str) -> str:
     return _defaults.ENV_PREFIX + field_name.upper()
 

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
 from service.request_parsing import RequestLimits, decode_base64_image, parse_top_k, read_image_request
-from service.server import resolve_api_servers, resolve_device, resolve_pipeline_depth
-from service.settings import ServeSettings, env_overrides
+from service.server import resolve_device
+from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
 
 SMALL_LIMIT = 1000
 
