@@ -29,7 +29,7 @@ from PIL import Image
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from service.answers import Answer, render
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager, set_worker_threads
-from service.heap import HeapTrimmer
+from service.heap import HeapTrimmer, freeze_startup_objects
 from service.logs import configure_logging
 from service.metrics import metrics, record_gpu_memory
 from service.request_parsing import ImageRequest, image_request_from_json
@@ -130,6 +130,7 @@ class ClassifierAPI(ls.LitAPI):
         )
         self._warm_up()
         record_gpu_memory(torch_device)
+        freeze_startup_objects()
 
     def _warm_up(self) -> None:
         """Run the full path at the batch sizes requests will form, so first requests are not slow."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import threading
 import time
@@ -99,3 +100,18 @@ class HeapTrimmer:
     def _run(self) -> None:
         while not self._stop.wait(CHECK_INTERVAL_S):
             self.trim_if_due(time.monotonic())
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze``).
+
+    A server process holds hundreds of thousands of long-lived objects (torch, the model, FastAPI)
+    that the collector's full passes walk again and again: measured 270-300 ms per pass in an HTTP
+    process, stalling the 60-odd requests in flight and making the whole tail of the latency
+    distribution. Called in the main process just before the HTTP processes fork (they inherit
+    the frozen set) and in each worker once its model is loaded; what is made afterwards is still
+    collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+    logger.debug("Froze %d startup objects out of the garbage collector's passes.", gc.get_freeze_count())

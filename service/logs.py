@@ -35,6 +35,14 @@ class RequestIdFilter(logging.Filter):
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+        self._second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # The access log writes thousands of lines a second; strftime once per second is enough.
+        second = int(record.created)
+        if second != self._second[0] or datefmt is not None:
+            self._second = (second, time.strftime(self.default_time_format, self.converter(record.created)))
+        return self.default_msec_format % (self._second[1], record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -78,6 +86,10 @@ def configure_logging(level: str, log_format: str = "text", stream: TextIO | Non
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # No format here shows a record's source file, line or thread: skip finding them for each record
+    # (the optimization the logging HOWTO names; a third of an access-log line's cost, measured).
+    logging._srcfile = None
+    logging.logThreads = False
     logging.captureWarnings(True)  # warnings.warn() lines in the same format, not bare on stderr
     adopt_library_loggers()
 

@@ -9,7 +9,6 @@ that runs for minutes still gets its 504 on time.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -20,11 +19,10 @@ from fastapi.responses import JSONResponse
 from service._defaults import RETRY_AFTER_S
 from service.admission import AdmissionGate
 from service.answers import render
-from service.channels import ApiChannel, ChannelFull
+from service.channels import ApiChannel
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.request_parsing import ImageRequest, RequestLimits, check_image_header, read_image_request
-from service.server_timing import add_server_timing
 from service.worker_watch import WorkerWatch
 
 RETRY_HEADERS = {"Retry-After": str(RETRY_AFTER_S)}
@@ -124,26 +122,31 @@ class PredictEndpoint:
         # work does not pile up.
         queued_at = time.monotonic()
         try:
-            queued = dataclasses.replace(image_request, queued_at=queued_at, request_id=REQUEST_ID.get())
+            queued = ImageRequest(image_request.image, image_request.top_k, queued_at, REQUEST_ID.get())
+            answer_future = channel.submit(worker_id, uid, queued_at, queued)
+            # A timer on the future itself: asyncio.wait_for adds a second future and callbacks per request.
+            expiry = asyncio.get_running_loop().call_later(self.timeout_s, _expire, answer_future)
             try:
-                answer_future = channel.submit(worker_id, uid, queued_at, queued)
-            except ChannelFull as exc:
-                raise HTTPException(503, f"The server is overloaded ({exc}); retry.", headers=RETRY_HEADERS) from None
-            try:
-                answer = await asyncio.wait_for(answer_future, self.timeout_s)
+                answer = await answer_future
             except asyncio.TimeoutError:
                 raise HTTPException(
                     504,
                     f"No answer within the {self.timeout_s:g} s deadline (--request-timeout-s): the server is "
                     "overloaded or its batches are too slow.",
                 ) from None
+            finally:
+                expiry.cancel()
         finally:
             channel.forget(uid)  # a late answer then finds no one waiting and is dropped
             # Every admitted request, answered or not: the stage a dashboard's p99 is read from.
             total_ms = (time.monotonic() - queued_at) * 1e3
             metrics().observe_stages({"total": total_ms})
-        response = render(answer)
+        response = render(answer, total_ms)
         # The worker's stages and the rendering, recorded here to keep that work off its loop.
         metrics().observe_stages(answer.timings_ms)
-        add_server_timing(response, "total", total_ms)
         return response
+
+
+def _expire(answer: asyncio.Future) -> None:
+    if not answer.done():
+        answer.set_exception(asyncio.TimeoutError())

@@ -36,6 +36,7 @@ from service.auth import ApiKeyAuth
 from service.batching import GreedyBatchedLoop
 from service.channels import ApiChannel, ChannelConfig
 from service.engine import ENGINE_EAGER, ensure_servable
+from service.heap import freeze_startup_objects
 from service.http_observer import HttpObserver
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed, add_fast_route
 from service.logs import adopt_library_loggers
@@ -136,6 +137,7 @@ class VisionLitServer(LitServerBridge):
         # LitServer.run has just given the litserve logger a handler of its own, in its own format:
         # route it through ours, before the HTTP processes fork and inherit it.
         adopt_library_loggers()
+        freeze_startup_objects()  # inherited by the HTTP processes
 
     def register_routes(self, app: FastAPI, api_path: str) -> None:
         @app.get("/", include_in_schema=False)

@@ -5,15 +5,7 @@ The worker writes queue, preprocess, inference and postprocess; the HTTP process
 
 from __future__ import annotations
 
-from starlette.responses import Response
-
 
 def server_timing(timings_ms: dict[str, float]) -> str:
     """The header value, e.g. ``queue;dur=1.20, inference;dur=30.50``."""
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timings_ms.items())
-
-
-def add_server_timing(response: Response, name: str, ms: float) -> None:
-    existing = response.headers.get("Server-Timing")
-    entry = server_timing({name: ms})
-    response.headers["Server-Timing"] = f"{existing}, {entry}" if existing else entry

@@ -38,7 +38,7 @@ class Wire:
     def put(self, n: int, start: int = 0, queued_at: float | None = None, wait: bool = True) -> None:
         for i in range(start, start + n):
             at = time.monotonic() if queued_at is None else queued_at
-            self.sender.send(pickle.dumps((0, f"uid-{i}", at, f"request-{i}")))
+            self.sender.send(pickle.dumps([(0, f"uid-{i}", at, f"request-{i}")]))  # one per message
         if wait:
             time.sleep(DELIVERY_S)
 
@@ -266,3 +266,20 @@ def test_the_pipelined_loop_answers_every_request_and_survives_a_failed_prepare(
 def test_pipeline_depth_must_be_at_least_one() -> None:
     with pytest.raises(ValueError, match="pipeline_depth must be >= 1"):
         GreedyBatchedLoop(ChannelConfig("unused", 1, 1), pipeline_depth=0)
+
+
+def test_startup_objects_are_frozen_out_of_the_collectors_passes() -> None:
+    import gc
+
+    from service.heap import freeze_startup_objects
+
+    long_lived = [[] for _ in range(1000)]  # lists: the collector tracks them
+    try:
+        freeze_startup_objects()
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(long_lived), "what is alive at the call is frozen"
+        made_later = [[i] for i in range(100)]
+        assert gc.get_freeze_count() == frozen, "what is made afterwards is collected as usual"
+        del made_later
+    finally:
+        gc.unfreeze()

@@ -6,13 +6,14 @@ Real ZeroMQ sockets over Unix sockets in a temporary folder, both ends in this p
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from pathlib import Path
 
 import pytest
 
 from service.answers import Answer, error_answer
-from service.channels import ApiChannel, ChannelConfig, ChannelFull, WorkerChannel
+from service.channels import ApiChannel, ChannelConfig, WorkerChannel
 from service.request_parsing import ImageRequest
 
 TIMEOUT_S = 5.0
@@ -110,7 +111,9 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
     asyncio.run(scenario())
 
 
-def test_a_worker_that_stopped_reading_makes_submit_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_requests_to_a_worker_that_stopped_reading_are_answered_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from service import channels
 
     monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
@@ -119,11 +122,37 @@ def test_a_worker_that_stopped_reading_makes_submit_raise(tmp_path: Path, monkey
     async def scenario() -> None:
         api = ApiChannel(config, 0)
         try:
-            with pytest.raises(ChannelFull, match="worker 0 is not reading"):
-                for i in range(1000):
-                    api.submit(0, f"uid-{i}", time.monotonic(), ImageRequest(b"x"))
+            futures = []
+            for turn in range(50):  # one message per turn of the loop; nobody reads them
+                futures += [api.submit(0, f"uid-{turn}-{i}", time.monotonic(), ImageRequest(b"x")) for i in range(3)]
+                await asyncio.sleep(0)
+            refused = [f.result() for f in futures if f.done()]
+            assert refused, "a full pipe must answer, not hang"
+            assert {a.status_code for a in refused} == {503}
+            assert "worker 0 is not reading" in refused[0].detail and refused[0].headers["Retry-After"]
         finally:
             api.close()
+
+    asyncio.run(scenario())
+
+
+def test_requests_submitted_in_one_turn_of_the_loop_travel_as_one_message(tmp_path: Path) -> None:
+    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+
+    async def scenario() -> None:
+        api = ApiChannel(config, 0)
+        worker = WorkerChannel(config, 0)
+        try:
+            for i in range(5):
+                api.submit(0, i, time.monotonic(), ImageRequest(bytes([i])))
+            await asyncio.sleep(0)  # the end of the turn: the flush
+            assert await asyncio.to_thread(worker._requests.poll, TIMEOUT_S * 1000)
+            batch = pickle.loads(worker._requests.recv())
+            assert [(uid, request.image) for _, uid, _, request in batch] == [(i, bytes([i])) for i in range(5)]
+            assert worker._requests.poll(0) == 0, "one message, not five"
+        finally:
+            api.close()
+            worker.close()
 
     asyncio.run(scenario())
 
