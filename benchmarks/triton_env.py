@@ -30,13 +30,17 @@ class TritonEnvError(RuntimeError):
 
 
 def find_python(version: str = PYTHON_VERSION) -> str:
-    """A ``python<version>`` on PATH, else one that pyenv installed."""
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
+    """A ``python<version>`` on PATH that runs, else one that pyenv installed.
+
+    Runs each candidate: pyenv puts a shim for every installed version on PATH, and the shim fails
+    unless that version is selected (``pyenv global``/``local``).
+    """
     pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    for candidate in sorted(pyenv_root.glob(f"versions/{version}.*/bin/python{version}"), reverse=True):
-        return str(candidate)
+    candidates = [shutil.which(f"python{version}")]
+    candidates += sorted(map(str, pyenv_root.glob(f"versions/{version}.*/bin/python{version}")), reverse=True)
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
     raise TritonEnvError(
         f"The Triton peer needs Python {version} (PyTriton's model stub fails on 3.11 and 3.12): install it "
         f"(pyenv install {version}) or put python{version} on PATH."

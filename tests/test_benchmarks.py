@@ -368,3 +368,21 @@ def test_preprocess_parity_measures_backends_against_pillow() -> None:
     assert set(found["torch"]) == set(SPECS)
     bilinear = found["torch"]["bilinear (resnet152)"]
     assert 0 < bilinear["max_levels"] <= 1.01 and bilinear["mean"] < 0.01
+
+
+def test_the_triton_peer_skips_a_pyenv_shim_that_does_not_run(tmp_path, monkeypatch) -> None:
+    import os
+
+    from benchmarks.triton_env import find_python
+
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "python3.13"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.13: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    installed = tmp_path / "pyenv" / "versions" / "3.13.0" / "bin"
+    installed.mkdir(parents=True)
+    (installed / "python3.13").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    assert find_python("3.13") == str(installed / "python3.13")
