@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 
 from starlette.responses import Response
 
+from service._defaults import RETRY_AFTER_S
 from service.server_timing import server_timing
 
 Prediction = tuple[int, str, float]  # (class index, label, probability)
 # What Starlette's JSONResponse writes (compact, UTF-8, NaN refused), made once.
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+# On every 503 a client may retry (overload, no ready worker, a worker that died).
+RETRY_HEADERS = {"Retry-After": str(RETRY_AFTER_S)}
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,7 @@ def render(answer: Answer, total_ms: float | None = None) -> Response:
         raw_headers.append((b"x-batch-size", str(answer.batch_size).encode()))
     if answer.timings_ms:
         answer.timings_ms["postprocess"] = (time.perf_counter() - started) * 1e3
-        timings = answer.timings_ms if total_ms is None else {**answer.timings_ms, "total": total_ms}
+    timings = answer.timings_ms if total_ms is None else {**answer.timings_ms, "total": total_ms}
+    if timings:
         raw_headers.append((b"server-timing", server_timing(timings).encode("latin-1")))
-    elif total_ms is not None:
-        raw_headers.append((b"server-timing", server_timing({"total": total_ms}).encode("latin-1")))
     return AnswerResponse(answer.status_code, body, raw_headers)

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from service._defaults import RETRY_AFTER_S
-from service.answers import Answer, error_answer
+from service.answers import RETRY_HEADERS, Answer, error_answer
 from service.request_parsing import ImageRequest
 
 logger = logging.getLogger(__name__)
@@ -176,7 +175,7 @@ class ApiChannel:
                 overloaded = error_answer(
                     503,
                     f"The server is overloaded (inference worker {worker_id} is not reading its requests); retry.",
-                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                    headers=RETRY_HEADERS,
                 )
                 for _, uid, _, _ in outbox:
                     self._settle(uid, overloaded)

@@ -18,14 +18,12 @@ from fastapi.responses import JSONResponse
 
 from service._defaults import RETRY_AFTER_S
 from service.admission import AdmissionGate
-from service.answers import render
+from service.answers import RETRY_HEADERS, render
 from service.channels import ApiChannel
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.request_parsing import ImageRequest, RequestLimits, check_image_header, read_image_request
 from service.worker_watch import WorkerWatch
-
-RETRY_HEADERS = {"Retry-After": str(RETRY_AFTER_S)}
 
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
 OPENAPI_EXTRA = {

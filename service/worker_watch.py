@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from service._defaults import RETRY_AFTER_S
-from service.answers import Answer, error_answer
+from service.answers import RETRY_HEADERS, Answer, error_answer
 from service.channels import ApiChannel
 from service.litserve_bridge import READY
 
@@ -33,7 +32,7 @@ def worker_crashed_answer() -> Answer:
         503,
         "The inference worker handling this request stopped unexpectedly and is being restarted. The request "
         "was not completed; retrying it is safe.",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        headers=RETRY_HEADERS,
     )
 
 
