@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         record_us = median_us(record_one_request, args.calls)
         batch_us = median_us(lambda: metrics().observe_batch(8), args.calls)
         bare_us = asgi_call_us(_bare_app, args.calls)
-        observed = HttpObserver(_bare_app, "/predict")
+        observed = HttpObserver(_bare_app, ["/predict"])
         configure_logging("warning", "json", io.StringIO())  # access log off
         no_log_us = asgi_call_us(observed, args.calls)
         configure_logging("info", "json", io.StringIO())  # access log on, JSON, to memory

@@ -27,6 +27,8 @@ API_SERVERS = 0
 # Loopback by default, like TorchServe; containers pass --host 0.0.0.0.
 HOST = "127.0.0.1"
 PORT = 8000
+# The Open Inference Protocol's gRPC service (KServe v2 / Triton's GRPCInferenceService); 0: off.
+GRPC_PORT = 0
 LOG_LEVEL = "info"
 # text for a terminal; containers set json (one object per line, with the request id).
 LOG_FORMAT = "text"
@@ -41,7 +43,11 @@ MAX_TOP_K = 1000
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = _PREPROCESS_MAX_IMAGE_PIXELS
 
-# Load shedding: requests admitted (queued or in a batch) and not yet answered, across the whole
+# Images one POST /predict (several "image" fields or a JSON "images" list) or one OIP infer request
+# may carry; each is its own batch item and takes its own --max-queue slot.
+MAX_IMAGES_PER_REQUEST = 64
+
+# Load shedding: images admitted (queued or in a batch) and not yet answered, across the whole
 # server. Beyond it /predict answers 503 with Retry-After at once instead of queueing. Size it as
 # throughput x the queueing delay you accept: 256 is ~0.1 s of a GPU doing 2,500 img/s, but 25 s of
 # ResNet-152 on 2 CPU cores, where a lower value suits better.

@@ -1,4 +1,4 @@
-"""Load shedding: a bound on requests admitted and not yet answered, shared by every HTTP process.
+"""Load shedding: a bound on images admitted and not yet answered, shared by every HTTP process.
 
 LitServe's request queue has no bound: under overload every request waits longer and longer until
 all of them time out. Past the bound, ``/predict`` answers 503 with ``Retry-After`` at once; the
@@ -19,18 +19,19 @@ class AdmissionGate:
         self.limit = limit
         self._admitted = multiprocessing.Value("i", 0)  # with its own lock
 
-    def try_admit(self) -> bool:
+    def try_admit(self, count: int = 1) -> bool:
+        """Admit ``count`` images (a request of several takes a slot for each) if all fit under the limit."""
         with self._admitted.get_lock():
-            if self._admitted.value >= self.limit:
+            if self._admitted.value + count > self.limit:
                 return False
-            self._admitted.value += 1
+            self._admitted.value += count
             return True
 
-    def release(self) -> None:
+    def release(self, count: int = 1) -> None:
         with self._admitted.get_lock():
-            self._admitted.value -= 1
+            self._admitted.value -= count
 
     @property
     def admitted(self) -> int:
-        """Requests queued or in a batch right now, across the server."""
+        """Images queued or in a batch right now, across the server."""
         return self._admitted.value

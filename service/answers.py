@@ -59,28 +59,30 @@ class AnswerResponse(Response):
         self.background = None
 
 
+def answer_content(answer: Answer) -> dict:
+    """One answer's JSON object: ``{"predictions": [...], "model", "engine"}`` or ``{"detail": ...}``."""
+    if answer.predictions is None:
+        return {"detail": answer.detail}
+    return {
+        "predictions": [
+            {"index": index, "label": label, "probability": probability}
+            for index, label, probability in answer.predictions
+        ],
+        "model": answer.model,
+        "engine": answer.engine,
+    }
+
+
 def render(answer: Answer, total_ms: float | None = None) -> Response:
-    """The answer as JSON: ``{"predictions": [...], "model", "engine"}`` or ``{"detail": ...}``.
+    """The answer as JSON (``answer_content``) with its status.
 
     Adds ``X-Batch-Size`` and a ``Server-Timing`` header with the worker's stages, this rendering as
     ``postprocess`` and ``total_ms`` as ``total``; ``answer.timings_ms`` gains ``postprocess`` too,
     for the stage metrics.
     """
     started = time.perf_counter()
-    if answer.predictions is None:
-        content: dict = {"detail": answer.detail}
-    else:
-        content = {
-            "predictions": [
-                {"index": index, "label": label, "probability": probability}
-                for index, label, probability in answer.predictions
-            ],
-            "model": answer.model,
-            "engine": answer.engine,
-        }
-    body = _JSON.encode(content).encode()
-    raw_headers = [(b"content-length", str(len(body)).encode()), _JSON_CONTENT_TYPE]
-    raw_headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers.items()]
+    body = _JSON.encode(answer_content(answer)).encode()
+    raw_headers = _raw_headers(body, answer.headers)
     if answer.batch_size:
         raw_headers.append((b"x-batch-size", str(answer.batch_size).encode()))
     if answer.timings_ms:
@@ -89,3 +91,22 @@ def render(answer: Answer, total_ms: float | None = None) -> Response:
     if timings:
         raw_headers.append((b"server-timing", server_timing(timings).encode("latin-1")))
     return AnswerResponse(answer.status_code, body, raw_headers)
+
+
+def render_many(answers: list[Answer], total_ms: float) -> Response:
+    """Several images' answers: ``{"results": [...]}`` in input order, each ``answer_content`` plus
+    its ``status_code``. The request itself is a 200: its items succeed or fail one by one."""
+    results = [{"status_code": answer.status_code, **answer_content(answer)} for answer in answers]
+    body = _JSON.encode({"results": results}).encode()
+    headers: dict[str, str] = {}
+    for answer in answers:
+        headers.update(answer.headers)  # e.g. Retry-After when an item got 503
+    raw_headers = _raw_headers(body, headers)
+    raw_headers.append((b"server-timing", server_timing({"total": total_ms}).encode("latin-1")))
+    return AnswerResponse(200, body, raw_headers)
+
+
+def _raw_headers(body: bytes, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    raw_headers = [(b"content-length", str(len(body)).encode()), _JSON_CONTENT_TYPE]
+    raw_headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    return raw_headers

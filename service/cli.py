@@ -39,13 +39,17 @@ _HELP = {
     "api_servers": "HTTP processes that parse requests and answer them; 0: one per inference worker on a CPU, "
     "more on a GPU (up to a quarter of the cores)",
     "host": "address to listen on: 127.0.0.1, 0.0.0.0 or ::",
-    "port": "TCP port",
+    "port": "TCP port (HTTP: /predict, the OIP v2 routes, probes, metrics)",
+    "grpc_port": "TCP port for the Open Inference Protocol over gRPC (KServe v2, Triton's GRPCInferenceService); "
+    "0: no gRPC",
     "log_level": "logging level",
     "log_format": "text (for a terminal) or json (one object per line with the request id, for log pipelines)",
     "max_body_bytes": "largest request body accepted; larger ones get 413",
     "max_image_pixels": "largest image (width x height, read from its header before decoding) accepted; "
     "larger ones get 413",
-    "max_queue": "most requests queued or being processed at once; more get 503 with Retry-After",
+    "max_images_per_request": "most images one request may carry (several image fields, a JSON images list, "
+    "an OIP batch); more get 413",
+    "max_queue": "most images queued or being processed at once; more get 503 with Retry-After",
     "request_timeout_s": "deadline from admission to answer, queue and inference included; later answers are 504",
     "api_key": "key clients must send as X-API-Key or Authorization: Bearer to /predict and /info; prefer "
     "the env variable, since flags show in ps",

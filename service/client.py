@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mimetypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,37 +43,81 @@ class ClassifyError(Exception):
         self.detail = detail
 
 
-def _request_parts(image: ImageInput, top_k: int) -> tuple[bytes, dict[str, str], dict[str, int]]:
+def _file(image: ImageInput) -> tuple[str, bytes, str]:
+    """(file name, bytes, content type) of an image given as a path or as bytes."""
     if isinstance(image, (str, Path)):
         path = Path(image)
-        data = path.read_bytes()
-        content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    else:
-        data, content_type = image, "application/octet-stream"
+        return path.name, path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return "image", image, "application/octet-stream"
+
+
+def _request_parts(image: ImageInput, top_k: int) -> tuple[bytes, dict[str, str], dict[str, int]]:
+    _, data, content_type = _file(image)
     return data, {"Content-Type": content_type}, {"top_k": top_k}
 
 
-def _parse(response: httpx.Response) -> Classification:
+def _many_parts(images: Sequence[ImageInput], top_k: int) -> dict:
+    """One multipart request with an ``image`` field per image (httpx's ``files`` and ``data``)."""
+    if not images:
+        raise ValueError("classify_many needs at least one image.")
+    return {"files": [("image", _file(image)) for image in images], "data": {"top_k": str(top_k)}}
+
+
+def _body(response: httpx.Response) -> object:
     try:
-        body = response.json()
+        return response.json()
     except ValueError:
-        body = None
-    if response.status_code != 200:
-        detail = body.get("detail") if isinstance(body, dict) else None
-        raise ClassifyError(response.status_code, str(detail or response.text or response.reason_phrase))
+        return None
+
+
+def _classification(item: object, response: httpx.Response, batch_size: int | None) -> Classification:
     try:
-        predictions = [Prediction(p["index"], p["label"], p["probability"]) for p in body["predictions"]]
-        model, engine = body["model"], body["engine"]
+        predictions = [Prediction(p["index"], p["label"], p["probability"]) for p in item["predictions"]]
+        model, engine = item["model"], item["engine"]
     except (TypeError, KeyError):
         raise ClassifyError(200, f"Not a vision-serve answer: {response.text[:200]!r}") from None
-    batch_size = response.headers.get("X-Batch-Size")
     return Classification(
         predictions=predictions,
         model=model,
         engine=engine,
         latency_ms=response.elapsed.total_seconds() * 1e3,
-        batch_size=int(batch_size) if batch_size else None,
+        batch_size=batch_size,
     )
+
+
+def _parse(response: httpx.Response) -> Classification:
+    body = _body(response)
+    if response.status_code != 200:
+        detail = body.get("detail") if isinstance(body, dict) else None
+        raise ClassifyError(response.status_code, str(detail or response.text or response.reason_phrase))
+    batch_size = response.headers.get("X-Batch-Size")
+    return _classification(body, response, int(batch_size) if batch_size else None)
+
+
+def _parse_many(response: httpx.Response, count: int) -> list[Classification | ClassifyError]:
+    """Each image's outcome; the request's own failure (overload, limits) raises ``ClassifyError``."""
+    if count == 1:  # one image is answered in the single-image form
+        try:
+            return [_parse(response)]
+        except ClassifyError as exc:
+            if exc.status_code >= 500 or exc.status_code == 401:  # the request's failure, not the image's
+                raise
+            return [exc]
+    body = _body(response)
+    if response.status_code != 200:
+        detail = body.get("detail") if isinstance(body, dict) else None
+        raise ClassifyError(response.status_code, str(detail or response.text or response.reason_phrase))
+    results = body.get("results") if isinstance(body, dict) else None
+    if not isinstance(results, list) or len(results) != count:
+        raise ClassifyError(200, f"Not a vision-serve answer for {count} images: {response.text[:200]!r}")
+    outcomes: list[Classification | ClassifyError] = []
+    for item in results:
+        status = item.get("status_code") if isinstance(item, dict) else None
+        if status == 200:
+            outcomes.append(_classification(item, response, None))
+        else:
+            outcomes.append(ClassifyError(int(status or 0), str(item.get("detail", "")) if status else repr(item)))
+    return outcomes
 
 
 def _auth_headers(api_key: str | None) -> dict[str, str]:
@@ -97,6 +142,13 @@ class VisionClient:
     def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K) -> Classification:
         data, headers, params = _request_parts(image, top_k)
         return _parse(self._http.post("/predict", content=data, headers=headers, params=params))
+
+    def classify_many(
+        self, images: Sequence[ImageInput], *, top_k: int = _defaults.TOP_K
+    ) -> list[Classification | ClassifyError]:
+        """Several images in one request: each image's ``Classification`` or its own ``ClassifyError``,
+        in order. Raises ``ClassifyError`` when the request as a whole fails (overload, limits, key)."""
+        return _parse_many(self._http.post("/predict", **_many_parts(images, top_k)), len(images))
 
     def is_ready(self) -> bool:
         """Every inference worker of the server has loaded its model and warmed up."""
@@ -130,6 +182,12 @@ class AsyncVisionClient:
     async def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K) -> Classification:
         data, headers, params = _request_parts(image, top_k)
         return _parse(await self._http.post("/predict", content=data, headers=headers, params=params))
+
+    async def classify_many(
+        self, images: Sequence[ImageInput], *, top_k: int = _defaults.TOP_K
+    ) -> list[Classification | ClassifyError]:
+        """As ``VisionClient.classify_many``."""
+        return _parse_many(await self._http.post("/predict", **_many_parts(images, top_k)), len(images))
 
     async def is_ready(self) -> bool:
         try:

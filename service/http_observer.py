@@ -5,8 +5,8 @@
   of every response, errors included.
 - Access log: one line per request at INFO (probe and scrape paths at DEBUG, or they would drown
   the rest), with status, duration and request id. It replaces uvicorn's, which has no request id.
-- ``vision_serve_requests_total{code}`` for the predict route, counted as the response starts, so
-  every answer is counted whichever layer produced it (auth, limits, shedding, the worker).
+- ``vision_serve_requests_total{code}`` for the inference routes (``/predict``, OIP infer), counted
+  as the response starts, so every answer is counted whichever layer produced it (auth, limits, shedding, the worker).
 - An unhandled error becomes a 500 JSON answer sent from here, so that it too carries the id.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: that one adds a task and a stream per request.
@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -54,9 +54,9 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
 
 
 class HttpObserver:
-    def __init__(self, app: ASGIApp, counted_path: str) -> None:
+    def __init__(self, app: ASGIApp, counted_paths: Collection[str]) -> None:
         self.app = app
-        self.counted_path = counted_path
+        self.counted_paths = frozenset(counted_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,7 +98,7 @@ class HttpObserver:
             self._log(scope, path, code, started)
 
     def _count(self, path: str, code: str) -> None:
-        if path == self.counted_path:
+        if path in self.counted_paths:
             metrics().requests.labels(code=code).inc()
 
     @staticmethod

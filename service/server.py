@@ -38,6 +38,7 @@ from service.channels import ApiChannel, ChannelConfig
 from service.engine import ENGINE_EAGER, ensure_servable
 from service.heap import freeze_startup_objects
 from service.http_observer import HttpObserver
+from service.image_dispatch import ImageDispatcher
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed, add_fast_route
 from service.logs import adopt_library_loggers
 from service.metrics import (
@@ -52,6 +53,7 @@ from service.metrics import (
     multiprocess_mode,
     package_version,
 )
+from service.oip_http import OipInferEndpoint, add_oip_routes, infer_paths
 from service.predict_endpoint import OPENAPI_EXTRA, PredictEndpoint
 from service.request_parsing import RequestLimits
 from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
@@ -61,6 +63,7 @@ from service.worker_watch import WorkerWatch, restart_dead_workers
 logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
+GRPC_STOP_GRACE_S = 5.0
 
 
 def resolve_device(
@@ -115,9 +118,16 @@ class VisionLitServer(LitServerBridge):
     ) -> None:
         # Set before LitServer.__init__, which registers the endpoints that use them.
         self.settings = settings
+        self.inference_paths = [lit_api.api_path, *infer_paths(settings.model)]
         self.api_servers = api_servers
-        self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels)
+        self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels, settings.max_images_per_request)
         self.admission = AdmissionGate(settings.max_queue)
+        self.dispatcher = ImageDispatcher(
+            channel=lambda: self.api_channel,
+            watch=lambda: self.worker_watch,
+            gate=self.admission,
+            timeout_s=settings.request_timeout_s,
+        )
         self.auth_dependencies = [Depends(ApiKeyAuth(settings.api_key))] if settings.api_key else []
         self.channels = ChannelConfig.create(api_servers, workers)
         # Per worker, the size of the batch it runs now: the queue depth is what is admitted and
@@ -126,7 +136,7 @@ class VisionLitServer(LitServerBridge):
         lit_api.loop = GreedyBatchedLoop(self.channels, self.running, settings.pipeline_depth)
         # timeout: the workers drop queued requests older than the deadline instead of running them.
         super().__init__(lit_api, timeout=settings.request_timeout_s, restart_workers=True, **kwargs)
-        self.app.add_middleware(HttpObserver, counted_path=lit_api.api_path)
+        self.app.add_middleware(HttpObserver, counted_paths=self.inference_paths)
 
     def request_stop(self) -> None:
         super().request_stop(
@@ -178,21 +188,17 @@ class VisionLitServer(LitServerBridge):
                     "request_timeout_s": settings.request_timeout_s,
                     "max_body_bytes": settings.max_body_bytes,
                     "max_image_pixels": settings.max_image_pixels,
+                    "max_images_per_request": settings.max_images_per_request,
+                    "grpc_port": settings.grpc_port,
                     "api_key_required": bool(settings.api_key),
                 },
             }
 
-        endpoint = PredictEndpoint(
-            channel=lambda: self.api_channel,
-            watch=lambda: self.worker_watch,
-            limits=self.limits,
-            gate=self.admission,
-            timeout_s=self.settings.request_timeout_s,
-            check_auth=ApiKeyAuth(self.settings.api_key) if self.settings.api_key else None,
-        )
+        check_auth = ApiKeyAuth(self.settings.api_key) if self.settings.api_key else None
+        endpoint = PredictEndpoint(self.dispatcher, self.limits, check_auth)
         # POST /predict skips FastAPI's stack: the observer (request id, access log, counts) wraps it
         # directly. The FastAPI route below is what /docs shows, and answers the same way.
-        add_fast_route(app, "POST", api_path, HttpObserver(endpoint, counted_path=api_path))
+        add_fast_route(app, "POST", api_path, HttpObserver(endpoint, self.inference_paths))
 
         async def predict(request: Request) -> Response:
             return await endpoint.handle(request)
@@ -203,7 +209,22 @@ class VisionLitServer(LitServerBridge):
             methods=["POST"],
             dependencies=self.auth_dependencies,
             openapi_extra=OPENAPI_EXTRA,
-            summary="Classify one image: its top-k ImageNet labels",
+            summary="Classify one image, or several: their top-k ImageNet labels",
+        )
+        self.register_oip_routes(app, check_auth)
+
+    def register_oip_routes(self, app: FastAPI, check_auth: ApiKeyAuth | None) -> None:
+        """The Open Inference Protocol (service/oip_http.py); the served model's infer paths skip
+        FastAPI's stack as /predict does."""
+        oip_endpoint = OipInferEndpoint(self.dispatcher, self.limits, lambda: self.settings.model, check_auth)
+        for path in infer_paths(self.settings.model):
+            add_fast_route(app, "POST", path, HttpObserver(oip_endpoint, self.inference_paths))
+        add_oip_routes(
+            app,
+            oip_endpoint,
+            server_version=package_version(),
+            engine=lambda: str((self.model_metadata or {}).get("engine", "")),
+            ready=lambda: self.worker_watch is not None and self.worker_watch.ready,
         )
 
     def queue_depth(self) -> int:
@@ -242,12 +263,32 @@ class VisionLitServer(LitServerBridge):
             loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
             loop.create_task(self.worker_watch.run(), name="vision-serve-worker-watch"),
         ]
+        grpc_server = await self.start_grpc() if self.settings.grpc_port else None
         try:
             yield
         finally:
+            if grpc_server is not None:
+                # Its calls in flight finish while the workers still answer (they stop after us).
+                await grpc_server.stop(GRPC_STOP_GRACE_S)
             for task in tasks:
                 task.cancel()
             channel.close()
+
+    async def start_grpc(self) -> object:
+        """The Open Inference Protocol's gRPC service in this HTTP process (service/oip_grpc.py)."""
+        from service.oip_grpc import InferenceServicer, start_grpc_server  # grpc only where it is on
+
+        settings = self.settings
+        servicer = InferenceServicer(
+            self.dispatcher,
+            self.limits,
+            model=settings.model,
+            engine=lambda: str((self.model_metadata or {}).get("engine", "")),
+            ready=lambda: self.worker_watch is not None and self.worker_watch.ready,
+            server_version=package_version(),
+            api_key=settings.api_key,
+        )
+        return await start_grpc_server(servicer, settings.host, settings.grpc_port, settings.max_body_bytes)
 
     def start_worker_monitor(self) -> None:
         def stop_with_error(message: str) -> None:

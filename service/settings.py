@@ -41,10 +41,12 @@ class ServeSettings:
     pipeline_depth: int = _defaults.PIPELINE_DEPTH
     host: str = _defaults.HOST
     port: int = _defaults.PORT
+    grpc_port: int = _defaults.GRPC_PORT
     log_level: str = _defaults.LOG_LEVEL
     log_format: str = _defaults.LOG_FORMAT
     max_body_bytes: int = _defaults.MAX_BODY_BYTES
     max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS
+    max_images_per_request: int = _defaults.MAX_IMAGES_PER_REQUEST
     max_queue: int = _defaults.MAX_QUEUE
     request_timeout_s: float = _defaults.REQUEST_TIMEOUT_S
     # A secret: kept out of repr() (and so out of logs and tracebacks) and out of as_dict().
@@ -73,6 +75,11 @@ class ServeSettings:
             )
         if not 1024 <= self.port <= 65535:
             raise ValueError(f"--port must be in 1024..65535, got {self.port}.")
+        if self.grpc_port and (not 1024 <= self.grpc_port <= 65535 or self.grpc_port == self.port):
+            raise ValueError(
+                f"--grpc-port must be 0 (no gRPC) or a port in 1024..65535 other than --port {self.port}, "
+                f"got {self.grpc_port}."
+            )
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}.")
         if self.log_format not in LOG_FORMATS:
@@ -86,7 +93,7 @@ class ServeSettings:
             )
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
-        for name in ("max_body_bytes", "max_image_pixels", "max_queue"):
+        for name in ("max_body_bytes", "max_image_pixels", "max_images_per_request", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
         if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:

@@ -154,7 +154,7 @@ def test_middleware_returns_the_id_logs_the_request_and_counts_only_the_predict_
     # As in the server: our middleware inside Starlette's outermost error layer.
     app = Starlette(
         routes=[Route("/predict", predict, methods=["POST"]), Route("/x", other)],
-        middleware=[Middleware(HttpObserver, counted_path="/predict")],
+        middleware=[Middleware(HttpObserver, counted_paths=["/predict"])],
     )
     before = {code: count(code) for code in ("415", "500")}
 
@@ -189,7 +189,7 @@ def test_a_request_cancelled_before_its_answer_is_counted_as_499() -> None:
     async def never_answers(scope, receive, send):
         await asyncio.sleep(3600)
 
-    observer = HttpObserver(never_answers, "/predict")
+    observer = HttpObserver(never_answers, ["/predict"])
     before = count("499")
 
     async def go() -> None:

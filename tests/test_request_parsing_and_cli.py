@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
-from service.request_parsing import RequestLimits, decode_base64_image, parse_top_k, read_image_request
+from service.request_parsing import RequestLimits, decode_base64_image, parse_top_k, read_predict_request
 from service.server import resolve_device
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
 
@@ -18,13 +18,13 @@ SMALL_LIMIT = 1000
 
 
 def echo_app(limits: RequestLimits) -> TestClient:
-    """A bare FastAPI app that answers with what read_image_request parsed."""
+    """A bare FastAPI app that answers with what read_predict_request parsed."""
     app = FastAPI()
 
     @app.post("/predict")
     async def predict(request: Request) -> dict:
-        parsed = await read_image_request(request, limits)
-        return {"n_bytes": len(parsed.image), "head": parsed.image[:4].decode("latin-1"), "top_k": parsed.top_k}
+        parsed = await read_predict_request(request, limits)
+        return {"n_bytes": len(parsed.images[0]), "head": parsed.images[0][:4].decode("latin-1"), "top_k": parsed.top_k}
 
     return TestClient(app)
 
@@ -249,3 +249,63 @@ def test_info_lists_devices_flat() -> None:
     assert device_names([["cuda:0"]]) == ["cuda:0"]
     assert device_names([["cuda:0"], ["cuda:1"], ["cuda:0"]]) == ["cuda:0", "cuda:1"]
     assert device_names(["cpu"]) == ["cpu"]
+
+
+def many_echo_app(limits: RequestLimits) -> TestClient:
+    """A bare FastAPI app that answers with each parsed image's size, or its own error."""
+    app = FastAPI()
+
+    @app.post("/predict")
+    async def predict(request: Request) -> dict:
+        parsed = await read_predict_request(request, limits)
+        items = [len(i) if isinstance(i, bytes) else [i.status_code, i.detail] for i in parsed.images]
+        return {"many": parsed.many, "items": items, "top_k": parsed.top_k}
+
+    return TestClient(app)
+
+
+@pytest.fixture(scope="module")
+def many_client() -> TestClient:
+    return many_echo_app(RequestLimits(max_images_per_request=3))
+
+
+def test_repeated_multipart_image_fields_are_many_images(many_client) -> None:
+    files = [("image", ("a.jpg", b"aa", "image/jpeg")), ("image", ("b.jpg", b"", "image/jpeg"))]
+    body = many_client.post("/predict", files=files, data={"top_k": "2"}).json()
+    assert body["many"] and body["top_k"] == 2
+    assert body["items"][0] == 2 and body["items"][1][0] == 400  # the empty one gets its own error
+    one = many_client.post("/predict", files=[("image", ("a.jpg", b"aa", "image/jpeg"))]).json()
+    assert one == {"many": False, "items": [2], "top_k": _defaults.TOP_K}  # one image: the single form
+
+
+def test_json_images_list_with_a_bad_item(many_client) -> None:
+    body = many_client.post("/predict", json={"images": [base64.b64encode(b"abc").decode(), "@@"], "top_k": 4}).json()
+    assert body["many"] and body["top_k"] == 4 and body["items"][0] == 3
+    assert body["items"][1][0] == 400 and 'Item 1 of JSON field "images"' in body["items"][1][1]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "words"),
+    [
+        ({"images": []}, 400, "non-empty list"),
+        ({"images": "abc"}, 400, "non-empty list"),
+        ({"images": ["eA=="], "image": "eA=="}, 400, "not both"),
+        ({"images": ["eA=="] * 4}, 413, "--max-images-per-request"),
+    ],
+)
+def test_json_images_request_errors(many_client, payload, status, words) -> None:
+    response = many_client.post("/predict", json=payload)
+    assert response.status_code == status and words in response.json()["detail"]
+
+
+def test_too_many_multipart_images_is_413(many_client) -> None:
+    files = [("image", (f"{i}.jpg", b"x", "image/jpeg")) for i in range(4)]
+    response = many_client.post("/predict", files=files)
+    assert response.status_code == 413 and "--max-images-per-request" in response.json()["detail"]
+
+
+def test_grpc_port_must_differ_from_the_http_port() -> None:
+    assert ServeSettings(grpc_port=8001).grpc_port == 8001
+    for port in (8000, 80, 70000):
+        with pytest.raises(ValueError, match="--grpc-port"):
+            ServeSettings(grpc_port=port)

@@ -1,0 +1,279 @@
+"""The Open Inference Protocol (KServe v2; Triton's HTTP/REST and gRPC API) for an image classifier.
+
+What an infer request asks for and what its outputs hold, independent of the transport: the HTTP
+routes (service/oip_http.py) and the gRPC service (service/oip_grpc.py) move the bytes.
+
+The model, as its metadata tells clients:
+- input ``IMAGE``: the encoded image files, ``BYTES`` of shape ``[N]`` or ``[N, 1]`` (base64
+  strings in JSON, raw in the binary tensor extension and gRPC); or ``UINT8`` of shape ``[L]`` /
+  ``[1, L]`` for one file, ``[N, L]`` for N files padded to one length (Triton's DALI examples);
+- outputs ``LABELS`` (``BYTES``), ``PROBABILITIES`` (``FP32``) and ``CLASS_INDICES`` (``INT64``),
+  each ``[N, k]``, best first; k is the request parameter ``top_k`` (default 5);
+- Triton's classification extension: an output requested with ``classification: k`` holds the
+  strings ``"probability:index:label"`` of the top k instead.
+OIP has no per-item status: a request with an image that cannot be classified fails as a whole,
+naming the failing items.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from service import _defaults
+from service.answers import Answer
+
+INPUT_NAME = "IMAGE"
+LABELS, PROBABILITIES, CLASS_INDICES = "LABELS", "PROBABILITIES", "CLASS_INDICES"
+OUTPUT_DATATYPES = {LABELS: "BYTES", PROBABILITIES: "FP32", CLASS_INDICES: "INT64"}
+MODEL_VERSION = "1"
+# What the server metadata lists; only what is implemented.
+EXTENSIONS = ("classification", "binary_tensor_data")
+TOP_K_PARAMETER = "top_k"
+CLASSIFICATION_PARAMETER = "classification"
+_LENGTH = struct.Struct("<I")  # the 4-byte little-endian length before each BYTES element
+
+
+class OipError(Exception):
+    """A request the protocol answers with ``status_code`` and ``{"error": message}``."""
+
+    def __init__(self, status_code: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool = False
+    classification: int | None = None  # Triton's classification extension: top this many as strings
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """An infer request, parsed: the image files in order and what to answer."""
+
+    images: list[bytes]
+    top_k: int
+    outputs: list[RequestedOutput]
+    request_id: str | None = None
+
+    @property
+    def worker_top_k(self) -> int:
+        """How many classes the workers must return to fill every requested output."""
+        return max([self.top_k] + [o.classification for o in self.outputs if o.classification])
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    values: list  # flat, row-major: bytes for BYTES, float for FP32, int for INT64
+    binary: bool = False
+
+    def to_bytes(self) -> bytes:
+        """The tensor in the binary form (the HTTP extension's body, gRPC's ``raw_output_contents``)."""
+        if self.datatype == "BYTES":
+            return serialize_bytes(self.values)
+        dtype = "<f4" if self.datatype == "FP32" else "<i8"
+        return np.asarray(self.values, dtype=dtype).tobytes()
+
+
+def model_metadata(model: str, engine: str) -> dict:
+    """``GET /v2/models/{name}``: ``-1`` marks the batch and top-k dimensions."""
+    return {
+        "name": model,
+        "versions": [MODEL_VERSION],
+        "platform": f"vision-serve_{engine}" if engine else "vision-serve",
+        "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [
+            {"name": name, "datatype": datatype, "shape": [-1, -1]} for name, datatype in OUTPUT_DATATYPES.items()
+        ],
+    }
+
+
+def check_model(name: str, version: str | None, served: str) -> None:
+    if name != served:
+        raise OipError(404, f"Request for unknown model: '{name}' is not found. This server serves '{served}'.")
+    if version not in (None, "", MODEL_VERSION):
+        raise OipError(
+            404, f"Request for unknown model: '{name}' version {version} is not found; its only version is 1."
+        )
+
+
+def serialize_bytes(elements: Iterable[bytes]) -> bytes:
+    return b"".join(_LENGTH.pack(len(element)) + element for element in elements)
+
+
+def deserialize_bytes(raw: bytes) -> list[bytes]:
+    """BYTES elements from their binary form; ``OipError`` 400 if the lengths do not add up."""
+    elements, offset, view = [], 0, memoryview(raw)
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise OipError(400, f"Input '{INPUT_NAME}': binary BYTES data ends inside an element's 4-byte length.")
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise OipError(400, f"Input '{INPUT_NAME}': a BYTES element's length ({length}) runs past the data.")
+        elements.append(bytes(view[offset : offset + length]))
+        offset += length
+    return elements
+
+
+def parse_top_k(value: object) -> int:
+    """The ``top_k`` request parameter (default 5), or ``OipError`` 400."""
+    if value is None:
+        return _defaults.TOP_K
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _defaults.MAX_TOP_K:
+        raise OipError(400, f"Parameter 'top_k' must be an integer from 1 to {_defaults.MAX_TOP_K}, got {value!r}.")
+    return value
+
+
+def parse_output(name: object, binary: object, classification: object) -> RequestedOutput:
+    if name not in OUTPUT_DATATYPES:
+        raise OipError(400, f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
+    if classification is not None and (
+        isinstance(classification, bool)
+        or not isinstance(classification, int)
+        or not 1 <= classification <= _defaults.MAX_TOP_K
+    ):
+        raise OipError(
+            400,
+            f"Output '{name}': parameter 'classification' must be an integer from 1 to {_defaults.MAX_TOP_K}, "
+            f"got {classification!r}.",
+        )
+    return RequestedOutput(str(name), bool(binary), classification)
+
+
+def all_outputs(binary: bool) -> list[RequestedOutput]:
+    """What a request that names no outputs gets."""
+    return [RequestedOutput(name, binary) for name in OUTPUT_DATATYPES]
+
+
+def check_input(name: object, datatype: object, shape: object) -> tuple[str, list[int]]:
+    """The input's datatype and shape, checked: one input named IMAGE, BYTES or UINT8."""
+    if name != INPUT_NAME:
+        raise OipError(400, f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
+    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise OipError(400, f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
+    shape = list(shape)
+    if datatype == "BYTES":
+        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+            raise OipError(400, f"Input '{INPUT_NAME}': BYTES takes shape [N] or [N, 1] (one file each), got {shape}.")
+    elif datatype == "UINT8":
+        if len(shape) not in (1, 2):
+            raise OipError(
+                400, f"Input '{INPUT_NAME}': UINT8 takes shape [L] (one file) or [N, L] (N files, padded), got {shape}."
+            )
+    else:
+        raise OipError(
+            400, f"Input '{INPUT_NAME}': datatype must be BYTES (or UINT8 for file bytes), got {datatype!r}."
+        )
+    return str(datatype), shape
+
+
+def images_from_elements(datatype: str, shape: list[int], elements: Sequence[bytes] | bytes) -> list[bytes]:
+    """The image files of a checked input, given its BYTES elements or its UINT8 buffer."""
+    if datatype == "UINT8":
+        buffer = bytes(elements)
+        rows, width = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+        if len(buffer) != rows * width:
+            raise OipError(400, f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}.")
+        # Padding after a file's end is harmless: decoders stop at the end of the image.
+        return [buffer[row * width : (row + 1) * width] for row in range(rows)]
+    if len(elements) != shape[0]:
+        raise OipError(400, f"Input '{INPUT_NAME}': shape {shape} needs {shape[0]} elements, got {len(elements)}.")
+    return list(elements)
+
+
+def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
+    """The ``data`` of a JSON input: base64 strings for BYTES, integers 0..255 for UINT8."""
+    flat = list(_flatten(data))
+    if datatype == "UINT8":
+        try:
+            return bytes(flat)
+        except (TypeError, ValueError):
+            raise OipError(400, f"Input '{INPUT_NAME}': UINT8 data must be integers from 0 to 255.") from None
+    elements, bad = [], []
+    for index, text in enumerate(flat):
+        try:
+            if not isinstance(text, str):
+                raise ValueError
+            elements.append(base64.b64decode("".join(text.split()), validate=True))
+        except (binascii.Error, ValueError):
+            bad.append(index)
+    if bad:
+        raise OipError(
+            400,
+            f"Input '{INPUT_NAME}': element(s) {_indices(bad)} are not base64 strings. In JSON, send each file "
+            "base64-encoded; or send raw bytes with the binary tensor extension.",
+        )
+    return elements
+
+
+def _flatten(data: object) -> Iterable[object]:
+    if not isinstance(data, list):
+        raise OipError(400, f"Input '{INPUT_NAME}': 'data' must be a list.")
+    for item in data:
+        if isinstance(item, list):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
+def check_count(images: Sequence[bytes], limit: int) -> None:
+    if not images:
+        raise OipError(400, f"Input '{INPUT_NAME}' holds no image.")
+    if len(images) > limit:
+        raise OipError(
+            413,
+            f"The request has {len(images)} images; the limit is {limit} per request (server flag "
+            "--max-images-per-request). Split them over several requests.",
+        )
+
+
+def failed_items(answers: Sequence[Answer | None]) -> None:
+    """``OipError`` for a request any of whose images failed: a 5xx as it came (503, 504), else 400
+    naming each failing item and why (its own 413 or 415 is in the message)."""
+    failed = [(index, a) for index, a in enumerate(answers) if a is not None and a.status_code != 200]
+    if not failed:
+        return
+    server_side = [a for _, a in failed if a.status_code >= 500]
+    if server_side:
+        first = server_side[0]
+        raise OipError(first.status_code, first.detail, first.headers)
+    details = "; ".join(f"[{index}] {a.detail}" for index, a in failed)
+    raise OipError(400, f"Image(s) {_indices([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
+
+
+def _indices(indices: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:20])
+    return shown + (f" and {len(indices) - 20} more" if len(indices) > 20 else "")
+
+
+def build_outputs(call: InferCall, answers: Sequence[Answer]) -> list[OutputTensor]:
+    """The requested output tensors from every image's successful answer."""
+    tensors = []
+    n = len(answers)
+    for output in call.outputs:
+        k = output.classification or call.top_k
+        rows = [answer.predictions[:k] for answer in answers]
+        width = min(len(row) for row in rows) if rows else 0  # k may exceed the model's classes
+        if output.classification:
+            values = [f"{p:.6f}:{i}:{label}".encode() for row in rows for i, label, p in row[:width]]
+            tensors.append(OutputTensor(output.name, "BYTES", [n, width], values, output.binary))
+            continue
+        column = {LABELS: 1, PROBABILITIES: 2, CLASS_INDICES: 0}[output.name]
+        values = [prediction[column] for row in rows for prediction in row[:width]]
+        if output.name == LABELS:
+            values = [label.encode() for label in values]
+        tensors.append(OutputTensor(output.name, OUTPUT_DATATYPES[output.name], [n, width], values, output.binary))
+    return tensors

@@ -1,0 +1,234 @@
+"""The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService`` (KServe v2, Triton).
+
+ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer; the other RPCs
+(shared memory, repository, statistics) answer UNIMPLEMENTED, the generated servicer's default.
+The protocol modules are the ones ``tritonclient`` ships, generated from Triton's own protos.
+
+Runs in every HTTP process, on its event loop, on ``--grpc-port`` (each process binds the port with
+SO_REUSEPORT, gRPC's default on Linux, and the kernel spreads connections over them). Limits,
+shedding, deadline and API key (metadata ``x-api-key`` or ``authorization: Bearer``) are /predict's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from service.image_dispatch import ImageDispatcher
+from service.logs import REQUEST_ID
+from service.metrics import metrics
+from service.oip import (
+    EXTENSIONS,
+    INPUT_NAME,
+    MODEL_VERSION,
+    InferCall,
+    OipError,
+    all_outputs,
+    build_outputs,
+    check_count,
+    check_input,
+    check_model,
+    deserialize_bytes,
+    images_from_elements,
+    model_metadata,
+    parse_output,
+    parse_top_k,
+)
+from service.oip_infer import run_infer
+from service.request_parsing import RequestLimits
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("service.access")
+
+SERVER_NAME = "vision-serve"
+GRPC_STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def parameter_value(parameter: service_pb2.InferParameter) -> object:
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
+
+
+def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) -> InferCall:
+    """A ModelInferRequest as an ``InferCall``; ``OipError`` 400 for what the model cannot take."""
+    if len(request.inputs) != 1:
+        raise OipError(400, f"The infer request needs one input, {INPUT_NAME} (the image files).")
+    tensor = request.inputs[0]
+    datatype, shape = check_input(tensor.name, tensor.datatype, list(tensor.shape))
+    if request.raw_input_contents:
+        if len(request.raw_input_contents) != 1:
+            raise OipError(400, f"raw_input_contents must hold one entry, for {INPUT_NAME}.")
+        raw = request.raw_input_contents[0]
+        elements = raw if datatype == "UINT8" else deserialize_bytes(raw)
+    elif datatype == "BYTES":
+        elements = list(tensor.contents.bytes_contents)
+    else:
+        try:
+            elements = bytes(tensor.contents.uint_contents)
+        except ValueError:
+            raise OipError(400, f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
+    images = images_from_elements(datatype, shape, elements)
+    check_count(images, max_images)
+    outputs = []
+    for output in request.outputs:
+        classification = output.parameters.get("classification")
+        outputs.append(
+            parse_output(output.name, True, None if classification is None else parameter_value(classification))
+        )
+    top_k = request.parameters.get("top_k")
+    return InferCall(
+        images,
+        parse_top_k(None if top_k is None else parameter_value(top_k)),
+        outputs or all_outputs(binary=True),
+        request.id or None,
+    )
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(
+        self,
+        dispatcher: ImageDispatcher,
+        limits: RequestLimits,
+        *,
+        model: str,
+        engine: Callable[[], str],
+        ready: Callable[[], bool],
+        server_version: str,
+        api_key: str = "",
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.limits = limits
+        self.model = model
+        self.engine = engine
+        self.ready = ready
+        self.server_version = server_version
+        self._key = api_key.encode()
+
+    async def ServerLive(self, request, context) -> service_pb2.ServerLiveResponse:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context) -> service_pb2.ServerReadyResponse:
+        return service_pb2.ServerReadyResponse(ready=self.ready())
+
+    async def ModelReady(self, request, context) -> service_pb2.ModelReadyResponse:
+        await self._run(context, lambda: check_model(request.name, request.version, self.model))
+        return service_pb2.ModelReadyResponse(ready=self.ready())
+
+    async def ServerMetadata(self, request, context) -> service_pb2.ServerMetadataResponse:
+        await self._run(context, lambda: self._check_key(context))
+        return service_pb2.ServerMetadataResponse(
+            name=SERVER_NAME, version=self.server_version, extensions=list(EXTENSIONS)
+        )
+
+    async def ModelMetadata(self, request, context) -> service_pb2.ModelMetadataResponse:
+        def describe() -> dict:
+            self._check_key(context)
+            check_model(request.name, request.version, self.model)
+            return model_metadata(self.model, self.engine())
+
+        metadata = await self._run(context, describe)
+        tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+        return service_pb2.ModelMetadataResponse(
+            name=metadata["name"],
+            versions=metadata["versions"],
+            platform=metadata["platform"],
+            inputs=[tensor(**t) for t in metadata["inputs"]],
+            outputs=[tensor(**t) for t in metadata["outputs"]],
+        )
+
+    async def ModelInfer(self, request, context) -> service_pb2.ModelInferResponse:
+        REQUEST_ID.set(request.id or os.urandom(16).hex())
+        started = time.perf_counter()
+        status = 200
+        try:
+            self._check_key(context)
+            check_model(request.model_name, request.model_version, self.model)
+            call = parse_grpc_request(request, self.limits.max_images_per_request)
+            answers, _ = await run_infer(self.dispatcher, call, self.limits.max_image_pixels)
+            tensors = build_outputs(call, answers)
+        except OipError as exc:
+            status = exc.status_code
+            await context.abort(GRPC_STATUS.get(exc.status_code, grpc.StatusCode.UNKNOWN), exc.message)
+        except Exception:
+            status = 500  # gRPC answers INTERNAL; the traceback is logged by grpc
+            raise
+        finally:
+            # Counted with /predict's answers, by the HTTP status the same outcome would have had.
+            metrics().requests.labels(code=str(status)).inc()
+            _log(status, started)
+        return service_pb2.ModelInferResponse(
+            model_name=self.model,
+            model_version=MODEL_VERSION,
+            id=request.id,
+            outputs=[
+                service_pb2.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape)
+                for t in tensors
+            ],
+            raw_output_contents=[t.to_bytes() for t in tensors],
+        )
+
+    def _check_key(self, context: grpc.aio.ServicerContext) -> None:
+        if not self._key:
+            return
+        supplied = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-api-key":
+                supplied = value
+            elif key == "authorization" and value.lower().startswith("bearer "):
+                supplied = value[7:].strip()
+        if supplied is None or not hmac.compare_digest(supplied.encode(), self._key):
+            raise OipError(401, "Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
+
+    @staticmethod
+    async def _run(context: grpc.aio.ServicerContext, check: Callable[[], object]) -> object:
+        try:
+            return check()
+        except OipError as exc:
+            await context.abort(GRPC_STATUS.get(exc.status_code, grpc.StatusCode.UNKNOWN), exc.message)
+
+
+def _log(status: int, started: float) -> None:
+    if access_logger.isEnabledFor(logging.INFO):
+        duration_ms = (time.perf_counter() - started) * 1e3
+        path = "/inference.GRPCInferenceService/ModelInfer"
+        access_logger.info(
+            "GRPC %s %s %.1fms",
+            path,
+            status,
+            duration_ms,
+            extra={"method": "GRPC", "path": path, "status": status, "duration_ms": round(duration_ms, 2)},
+        )
+
+
+async def start_grpc_server(
+    servicer: InferenceServicer, host: str, port: int, max_message_bytes: int
+) -> grpc.aio.Server:
+    """The gRPC server on ``host:port``, started on the running event loop."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 1),  # one server per HTTP process on the same port
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    server.add_insecure_port(address)
+    await server.start()
+    logger.info("gRPC (Open Inference Protocol) listening on %s", address)
+    return server

@@ -1,0 +1,266 @@
+"""The Open Inference Protocol over HTTP/REST (KServe v2, Triton): routes next to ``POST /predict``.
+
+- ``GET /v2`` (server metadata), ``/v2/health/live``, ``/v2/health/ready``;
+- ``GET /v2/models/{name}[/versions/1]`` (model metadata) and ``.../ready``;
+- ``POST /v2/models/{name}[/versions/1]/infer``: JSON, or JSON plus binary tensors (the binary
+  tensor extension: ``Inference-Header-Content-Length`` says where the JSON ends).
+Errors answer ``{"error": "..."}``. The limits, shedding (503), deadline (504) and API key are
+``/predict``'s; the health routes never need the key (orchestrators probe them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.image_dispatch import ImageDispatcher
+from service.oip import (
+    EXTENSIONS,
+    MODEL_VERSION,
+    InferCall,
+    OipError,
+    OutputTensor,
+    all_outputs,
+    build_outputs,
+    check_count,
+    check_input,
+    check_model,
+    deserialize_bytes,
+    images_from_elements,
+    json_elements,
+    model_metadata,
+    parse_output,
+    parse_top_k,
+)
+from service.oip_infer import run_infer
+from service.request_parsing import RequestLimits, read_body
+from service.server_timing import server_timing
+
+HEADER_LENGTH = "inference-header-content-length"
+SERVER_NAME = "vision-serve"
+
+
+def error_response(status_code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status_code, headers=headers)
+
+
+def parse_infer_body(body: bytes, header_length: str | None, max_images: int) -> InferCall:
+    """An infer request's JSON (and binary tensors after it, with ``Inference-Header-Content-Length``)."""
+    if header_length is None:
+        header, binary = body, b""
+    else:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise OipError(
+                400,
+                f"Inference-Header-Content-Length {header_length!r} must be the JSON header's length in bytes, at "
+                f"most the body's {len(body)}.",
+            )
+        header, binary = body[: int(header_length)], body[int(header_length) :]
+    try:
+        request = json.loads(header)
+    except (ValueError, RecursionError):
+        raise OipError(400, "The infer request's JSON is not valid JSON.") from None
+    if not isinstance(request, dict):
+        raise OipError(400, 'The infer request must be a JSON object with "inputs".')
+    parameters = _object(request.get("parameters"), "parameters")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise OipError(400, 'The infer request needs "inputs" with one input, IMAGE (the image files).')
+    tensor = inputs[0]
+    datatype, shape = check_input(tensor.get("name"), tensor.get("datatype"), tensor.get("shape"))
+    size = _object(tensor.get("parameters"), "input parameters").get("binary_data_size")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size != len(binary):
+            raise OipError(
+                400, f"Input IMAGE: binary_data_size {size!r} must equal the {len(binary)} bytes after the JSON header."
+            )
+        elements = binary if datatype == "UINT8" else deserialize_bytes(binary)
+    elif "data" in tensor:
+        if binary:
+            raise OipError(
+                400, "The body has binary data after the JSON header, but no input names a binary_data_size."
+            )
+        elements = json_elements(datatype, tensor["data"])
+    else:
+        raise OipError(400, 'Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
+    images = images_from_elements(datatype, shape, elements)
+    check_count(images, max_images)
+    binary_default = parameters.get("binary_data_output", False) is True
+    outputs = request.get("outputs")
+    if outputs is None:
+        requested = all_outputs(binary_default)
+    elif not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise OipError(400, '"outputs" must be a list of objects with a "name".')
+    else:
+        requested = []
+        for output in outputs:
+            output_parameters = _object(output.get("parameters"), "output parameters")
+            requested.append(
+                parse_output(
+                    output.get("name"),
+                    output_parameters.get("binary_data", binary_default),
+                    output_parameters.get("classification"),
+                )
+            )
+    request_id = request.get("id")
+    return InferCall(
+        images, parse_top_k(parameters.get("top_k")), requested, request_id if isinstance(request_id, str) else None
+    )
+
+
+def _object(value: object, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise OipError(400, f'"{what}" must be a JSON object.')
+    return value
+
+
+def encode_infer_response(model: str, call: InferCall, tensors: list[OutputTensor]) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary tensors follow it."""
+    outputs, blobs = [], []
+    for tensor in tensors:
+        entry: dict = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if tensor.binary:
+            blob = tensor.to_bytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        elif tensor.datatype == "BYTES":
+            entry["data"] = [value.decode() for value in tensor.values]
+        else:
+            entry["data"] = tensor.values
+        outputs.append(entry)
+    response: dict = {"model_name": model, "model_version": MODEL_VERSION, "outputs": outputs}
+    if call.request_id is not None:
+        response["id"] = call.request_id
+    header = json.dumps(response, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+class OipInferEndpoint:
+    """``POST /v2/models/{name}[/versions/{v}]/infer``. Also a plain ASGI app for the served model's
+    own paths, mounted ahead of FastAPI's stack like ``/predict`` (``add_fast_route``)."""
+
+    def __init__(
+        self,
+        dispatcher: ImageDispatcher,
+        limits: RequestLimits,
+        model: Callable[[], str],
+        check_auth: Callable[[Request], None] | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.limits = limits
+        self.model = model
+        self.check_auth = check_auth
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        name, version = model_in_path(scope["path"])
+        response = await self.answer(Request(scope, receive), name, version)
+        await response(scope, receive, send)
+
+    async def answer(self, request: Request, name: str, version: str | None) -> Response:
+        try:
+            if self.check_auth is not None:
+                self.check_auth(request)
+            return await self.handle(request, name, version)
+        except OipError as exc:
+            return error_response(exc.status_code, exc.message, exc.headers)
+        except HTTPException as exc:  # the key check and the body limit share /predict's
+            return error_response(exc.status_code, str(exc.detail), exc.headers)
+
+    async def handle(self, request: Request, name: str, version: str | None) -> Response:
+        model = self.model()
+        check_model(name, version, model)
+        body = await read_body(request, self.limits.max_body_bytes)
+        call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
+        answers, total_ms = await run_infer(self.dispatcher, call, self.limits.max_image_pixels)
+        content, header_length = encode_infer_response(model, call, build_outputs(call, answers))
+        headers = {"Server-Timing": server_timing({"total": total_ms})}
+        if header_length is None:
+            return Response(content, media_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(header_length)
+        return Response(content, media_type="application/octet-stream", headers=headers)
+
+
+def model_in_path(path: str) -> tuple[str, str | None]:
+    """``/v2/models/NAME[/versions/V]/infer`` -> (NAME, V or None)."""
+    parts = path.strip("/").split("/")
+    return parts[2], (parts[4] if len(parts) > 4 and parts[3] == "versions" else None)
+
+
+def infer_paths(model: str) -> list[str]:
+    return [f"/v2/models/{model}/infer", f"/v2/models/{model}/versions/{MODEL_VERSION}/infer"]
+
+
+def add_oip_routes(
+    app: FastAPI,
+    endpoint: OipInferEndpoint,
+    *,
+    server_version: str,
+    engine: Callable[[], str],
+    ready: Callable[[], bool],
+) -> None:
+    """The metadata and health routes, and the infer route for any model name (404 for all but ours)."""
+
+    def guarded(handler: Callable[[], dict]) -> Callable[[Request], Response]:
+        def answer(request: Request) -> Response:
+            try:
+                if endpoint.check_auth is not None:
+                    endpoint.check_auth(request)
+                return JSONResponse(handler())
+            except OipError as exc:
+                return error_response(exc.status_code, exc.message, exc.headers)
+            except HTTPException as exc:
+                return error_response(exc.status_code, str(exc.detail), exc.headers)
+
+        return answer
+
+    @app.get("/v2", tags=["Open Inference Protocol"])
+    async def server_metadata(request: Request) -> Response:
+        """Server metadata: name, version, protocol extensions."""
+        return guarded(lambda: {"name": SERVER_NAME, "version": server_version, "extensions": list(EXTENSIONS)})(
+            request
+        )
+
+    @app.get("/v2/health/live", tags=["Open Inference Protocol"])
+    async def server_live() -> Response:
+        """The server answers (liveness); no key needed."""
+        return JSONResponse({"live": True})
+
+    @app.get("/v2/health/ready", tags=["Open Inference Protocol"])
+    async def server_ready() -> Response:
+        """Every inference worker is loaded and warm: 200, else 400 (as Triton); no key needed."""
+        is_ready = ready()
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 400)
+
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+
+        @app.get(prefix, tags=["Open Inference Protocol"])
+        async def metadata(request: Request, name: str, version: str | None = None) -> Response:
+            """Model metadata: its input and outputs."""
+
+            def describe() -> dict:
+                check_model(name, version, endpoint.model())
+                return model_metadata(endpoint.model(), engine())
+
+            return guarded(describe)(request)
+
+        @app.get(prefix + "/ready", tags=["Open Inference Protocol"])
+        async def model_ready(name: str, version: str | None = None) -> Response:
+            """The model is loaded and warm in every worker: 200, else 400; no key needed."""
+            try:
+                check_model(name, version, endpoint.model())
+            except OipError as exc:
+                return error_response(exc.status_code, exc.message)
+            is_ready = ready()
+            return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 400)
+
+        @app.post(prefix + "/infer", tags=["Open Inference Protocol"])
+        async def infer(request: Request, name: str, version: str | None = None) -> Response:
+            """Classify a batch of image files (input IMAGE); see the README for the tensors."""
+            return await endpoint.answer(request, name, version)

@@ -1,0 +1,36 @@
+"""Run a parsed OIP infer request: check every image's header, classify them, fail as a whole if any
+fails. Shared by the HTTP routes and the gRPC service."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException
+
+from preprocessing.base import ImageDecodeError
+from preprocessing.probe import check_image_header
+from service.answers import Answer
+from service.image_dispatch import ImageDispatcher
+from service.metrics import metrics
+from service.oip import InferCall, OipError, failed_items
+
+
+async def run_infer(dispatcher: ImageDispatcher, call: InferCall, max_image_pixels: int) -> tuple[list[Answer], float]:
+    """Every image's successful ``Answer`` and the total milliseconds; ``OipError`` otherwise.
+
+    Headers are checked first: a request that would fail on a bad header runs none of its images.
+    """
+    header_errors: list[Answer | None] = []
+    for image in call.images:
+        try:
+            check_image_header(image, max_image_pixels)
+            header_errors.append(None)
+        except ImageDecodeError as exc:
+            header_errors.append(Answer(status_code=exc.error.status_code, detail=exc.error.detail))
+    failed_items(header_errors)
+    try:
+        answers, total_ms = await dispatcher.classify(call.images, call.worker_top_k)
+    except HTTPException as exc:  # shed (503), or more images than could ever be admitted (413)
+        raise OipError(exc.status_code, str(exc.detail), dict(exc.headers or {})) from None
+    for answer in answers:
+        metrics().observe_stages(answer.timings_ms)
+    failed_items(answers)
+    return answers, total_ms

@@ -1,0 +1,214 @@
+"""The Open Inference Protocol's request and response forms, without a server (service/oip*.py).
+
+The requests here are built by tritonclient itself where it can build them offline (its HTTP
+client's request body), so the parser is checked against the real client's bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+from tritonclient.grpc import service_pb2
+
+from service.answers import Answer, error_answer
+from service.oip import (
+    CLASS_INDICES,
+    LABELS,
+    PROBABILITIES,
+    InferCall,
+    OipError,
+    RequestedOutput,
+    build_outputs,
+    check_model,
+    deserialize_bytes,
+    failed_items,
+    serialize_bytes,
+)
+from service.oip_grpc import parse_grpc_request
+from service.oip_http import encode_infer_response, model_in_path, parse_infer_body
+
+LIMIT = 64
+
+
+def tritonclient_body(inputs, outputs=None, **kwargs) -> tuple[bytes, str | None]:
+    """The body and Inference-Header-Content-Length tritonclient.http would send."""
+    body, json_size = triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs, **kwargs)
+    return body, None if json_size is None else str(json_size)
+
+
+def bytes_input(files: list[bytes], binary: bool = True, shape: list[int] | None = None) -> triton_http.InferInput:
+    shape = shape or [len(files)]
+    tensor = triton_http.InferInput("IMAGE", shape, "BYTES")
+    values = files if binary else [base64.b64encode(f) for f in files]
+    tensor.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(shape), binary_data=binary)
+    return tensor
+
+
+def test_binary_bytes_from_tritonclient() -> None:
+    body, header_length = tritonclient_body([bytes_input([b"\xff\xd8one", b"\x89PNGtwo"])])
+    assert header_length is not None
+    call = parse_infer_body(body, header_length, LIMIT)
+    assert call.images == [b"\xff\xd8one", b"\x89PNGtwo"]
+    # No outputs named: all three, binary (tritonclient asks with binary_data_output).
+    assert [(o.name, o.binary) for o in call.outputs] == [(LABELS, True), (PROBABILITIES, True), (CLASS_INDICES, True)]
+
+
+def test_json_base64_of_shape_n_by_1_and_outputs_with_classification() -> None:
+    outputs = [
+        triton_http.InferRequestedOutput("LABELS", binary_data=False),
+        triton_http.InferRequestedOutput("PROBABILITIES", binary_data=True, class_count=3),
+    ]
+    body, header_length = tritonclient_body([bytes_input([b"a", b"b"], binary=False, shape=[2, 1])], outputs)
+    call = parse_infer_body(body, header_length, LIMIT)
+    assert call.images == [b"a", b"b"]
+    assert call.outputs == [RequestedOutput(LABELS, False, None), RequestedOutput(PROBABILITIES, True, 3)]
+
+
+def test_uint8_rows_as_in_tritons_dali_examples() -> None:
+    tensor = triton_http.InferInput("IMAGE", [2, 4], "UINT8")
+    tensor.set_data_from_numpy(np.frombuffer(b"abc\x00defg", dtype=np.uint8).reshape(2, 4))
+    call = parse_infer_body(*tritonclient_body([tensor]), LIMIT)
+    assert call.images == [b"abc\x00", b"defg"]  # padding stays; decoders stop at the image's end
+    one = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "UINT8", "shape": [3], "data": [1, 2, 3]}]})
+    assert parse_infer_body(one.encode(), None, LIMIT).images == [b"\x01\x02\x03"]
+
+
+def test_top_k_parameter_and_request_id() -> None:
+    body = {"id": "r-1", "parameters": {"top_k": 3}, "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1]}]}
+    body["inputs"][0]["data"] = [base64.b64encode(b"x").decode()]
+    call = parse_infer_body(json.dumps(body).encode(), None, LIMIT)
+    assert call.top_k == 3 and call.request_id == "r-1"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "words"),
+    [
+        (lambda r: r["inputs"][0].update(name="INPUT0"), "one input, 'IMAGE'"),
+        (lambda r: r["inputs"][0].update(datatype="FP32"), "datatype must be BYTES"),
+        (lambda r: r["inputs"][0].update(shape=[2]), "needs 2 elements, got 1"),
+        (lambda r: r["inputs"][0].update(shape=[1, 2]), "[N] or [N, 1]"),
+        (lambda r: r["inputs"][0].update(data=["@@@"]), "not base64"),
+        (lambda r: r["inputs"][0].pop("data"), '"data" (JSON) or a "binary_data_size"'),
+        (lambda r: r.update(outputs=[{"name": "LOGITS"}]), "Unknown output 'LOGITS'"),
+        (lambda r: r.update(outputs=[{"name": "LABELS", "parameters": {"classification": 0}}]), "classification"),
+        (lambda r: r.update(parameters={"top_k": "5"}), "top_k"),
+        (lambda r: r.update(inputs=[]), 'needs "inputs"'),
+    ],
+)
+def test_malformed_requests_are_400_and_say_what_is_wrong(mutate, words) -> None:
+    request = {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["eA=="]}]}
+    mutate(request)
+    with pytest.raises(OipError) as caught:
+        parse_infer_body(json.dumps(request).encode(), None, LIMIT)
+    assert caught.value.status_code == 400 and words in caught.value.message
+
+
+def test_binary_framing_errors() -> None:
+    body, header_length = tritonclient_body([bytes_input([b"abc"])])
+    with pytest.raises(OipError, match="binary_data_size"):
+        parse_infer_body(body + b"extra", header_length, LIMIT)
+    with pytest.raises(OipError, match="Inference-Header-Content-Length"):
+        parse_infer_body(body, str(len(body) + 1), LIMIT)
+    with pytest.raises(OipError, match="runs past the data"):
+        deserialize_bytes(struct.pack("<I", 10) + b"short")
+
+
+def test_too_many_images_is_413() -> None:
+    body, header_length = tritonclient_body([bytes_input([b"x"] * 5)])
+    with pytest.raises(OipError) as caught:
+        parse_infer_body(body, header_length, 4)
+    assert caught.value.status_code == 413 and "--max-images-per-request" in caught.value.message
+
+
+def test_bytes_serialization_round_trips() -> None:
+    elements = [b"", b"a", bytes(range(256)) * 3]
+    assert deserialize_bytes(serialize_bytes(elements)) == elements
+
+
+def answer(*predictions: tuple[int, str, float]) -> Answer:
+    return Answer(predictions=tuple(predictions), model="m", engine="e")
+
+
+def test_outputs_are_n_by_k_best_first_and_classification_strings() -> None:
+    answers = [
+        answer((285, "Egyptian cat", 0.5), (281, "tabby", 0.25)),
+        answer((967, "espresso", 0.75), (968, "cup", 0.125)),
+    ]
+    outputs = [RequestedOutput(LABELS), RequestedOutput(PROBABILITIES), RequestedOutput(CLASS_INDICES, True, 1)]
+    tensors = build_outputs(InferCall([b"", b""], 2, outputs), answers)
+    assert [t.shape for t in tensors] == [[2, 2], [2, 2], [2, 1]]
+    assert tensors[0].values == [b"Egyptian cat", b"tabby", b"espresso", b"cup"]
+    assert tensors[1].values == [0.5, 0.25, 0.75, 0.125]
+    assert tensors[2].values == [b"0.500000:285:Egyptian cat", b"0.750000:967:espresso"]
+
+
+def test_http_response_binary_and_json_parts_parse_with_tritonclient() -> None:
+    answers = [answer((1, "goldfish", 0.5), (2, "great white shark", 0.25))]
+    outputs = [
+        RequestedOutput(LABELS, binary=True),
+        RequestedOutput(PROBABILITIES),
+        RequestedOutput(CLASS_INDICES, True),
+    ]
+    call = InferCall([b""], 2, outputs, request_id="abc")
+    body, header_length = encode_infer_response("m", call, build_outputs(call, answers))
+    result = triton_http.InferResult.from_response_body(body, header_length=header_length)
+    assert result.as_numpy(LABELS).tolist() == [[b"goldfish", b"great white shark"]]
+    assert result.as_numpy(PROBABILITIES).tolist() == [[0.5, 0.25]]
+    assert result.as_numpy(CLASS_INDICES).dtype == np.int64 and result.as_numpy(CLASS_INDICES).tolist() == [[1, 2]]
+    assert result.get_response()["id"] == "abc"
+
+
+def test_a_failed_item_fails_the_request_naming_it() -> None:
+    failed_items([answer((1, "a", 1.0))])  # nothing failed: no error
+    with pytest.raises(OipError) as caught:
+        failed_items([answer((1, "a", 1.0)), error_answer(415, "not an image"), None])
+    assert (
+        caught.value.status_code == 400
+        and "Image(s) 1 " in caught.value.message
+        and "not an image" in caught.value.message
+    )
+    with pytest.raises(OipError) as caught:
+        failed_items([error_answer(415, "bad"), error_answer(504, "late")])
+    assert caught.value.status_code == 504  # a server-side failure is the request's own status
+
+
+def test_unknown_model_or_version_is_404() -> None:
+    check_model("resnet152", "1", "resnet152")
+    check_model("resnet152", "", "resnet152")
+    for name, version in (("resnet50", None), ("resnet152", "2")):
+        with pytest.raises(OipError) as caught:
+            check_model(name, version, "resnet152")
+        assert caught.value.status_code == 404
+
+
+def test_model_and_version_from_the_path() -> None:
+    assert model_in_path("/v2/models/resnet152/infer") == ("resnet152", None)
+    assert model_in_path("/v2/models/resnet152/versions/1/infer") == ("resnet152", "1")
+
+
+def test_grpc_request_raw_contents_and_parameters() -> None:
+    request = service_pb2.ModelInferRequest(model_name="m", id="x")
+    tensor = request.inputs.add(name="IMAGE", datatype="BYTES", shape=[2])
+    del tensor  # the data travels in raw_input_contents, as tritonclient.grpc sends it
+    request.raw_input_contents.append(serialize_bytes([b"one", b"two"]))
+    request.parameters["top_k"].int64_param = 7
+    output = request.outputs.add(name="LABELS")
+    output.parameters["classification"].int64_param = 2
+    call = parse_grpc_request(request, LIMIT)
+    assert call.images == [b"one", b"two"] and call.top_k == 7 and call.request_id == "x"
+    assert call.outputs == [RequestedOutput(LABELS, True, 2)] and call.worker_top_k == 7
+
+
+def test_grpc_request_typed_contents() -> None:
+    request = service_pb2.ModelInferRequest(model_name="m")
+    request.inputs.add(name="IMAGE", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"file")
+    assert parse_grpc_request(request, LIMIT).images == [b"file"]
+    with pytest.raises(OipError, match="UINT8"):
+        request = service_pb2.ModelInferRequest(model_name="m")
+        request.inputs.add(name="IMAGE", datatype="UINT8", shape=[2]).contents.uint_contents.extend([1, 300])
+        parse_grpc_request(request, LIMIT)
