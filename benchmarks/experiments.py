@@ -4,6 +4,7 @@
     python -m benchmarks.experiments batching      # (b) batching off vs on; batch delay sweep (Poisson)
     python -m benchmarks.experiments workers       # (c) 1 vs 2 workers on the device
     python -m benchmarks.experiments torchserve    # (d) TorchServe (TorchScript, image_classifier) vs us
+    python -m benchmarks.experiments triton        # (g) Triton (PyTriton, dynamic batcher, eager model) vs us
     python -m benchmarks.experiments ceiling       # (e) model-only ceiling in process -> server efficiency
     python -m benchmarks.experiments precision     # (f) fp32 vs bf16: speed and top-1 agreement
     python -m benchmarks.experiments all           # all of the above in one run, then targets.md
@@ -513,6 +514,58 @@ def torchserve_markdown(record: dict, plot_names: Sequence[str]) -> str:
     return md + "\n".join(f"![{p}]({p})" for p in plot_names) + "\n"
 
 
+# (g) ------------------------------------------------------------------------------------------------
+
+
+TRITON_LABEL = "Triton (PyTriton) batch 8"
+
+
+def triton(opts: Options) -> dict:
+    """Triton through PyTriton and vision-serve's configurations at concurrency 1 and 32, one after another."""
+    from benchmarks.triton_peer import TritonPeerConfig, measure, running_peer
+
+    concurrencies = [1, TARGET_CONCURRENCY]
+    specs = _sweep_specs(opts, concurrencies)
+    config = TritonPeerConfig(opts.inputs.model, opts.inputs.weights_file, max_batch_size=CPU_MAX_BATCH)
+    with running_peer(config, opts.inputs.work / "triton") as peer:
+        records = measure(peer, opts.inputs.images, specs, TRITON_LABEL)
+    runs: dict[str, dict[int, dict]] = {TRITON_LABEL: dict(zip(concurrencies, records, strict=True))}
+    for vs_config in VISION_SERVE_CONFIGS:
+        if vs_config.compiled and vs_config.precision not in opts.inputs.artifacts:
+            continue
+        runs[vs_config.label] = _serve_sweep(opts, vs_config, concurrencies)
+    written = _plots_for(opts, "triton", runs, f"{opts.inputs.model}: Triton vs vision-serve")
+    record = {"runs": runs, "triton_config": config.as_record()}
+    md = triton_markdown(record, written)
+    write_results(opts.out, "triton", record, md, text_suffix=".md")
+    return record
+
+
+def triton_markdown(record: dict, plot_names: Sequence[str]) -> str:
+    """The (g) tables from its record (``runs`` keyed by label, then concurrency)."""
+    runs, config = record["runs"], record["triton_config"]
+    top = runs[TRITON_LABEL][TARGET_CONCURRENCY]
+    rows = [
+        [
+            label,
+            f"{per_c[TARGET_CONCURRENCY]['throughput_rps'] / top['throughput_rps']:.2f}x",
+            f"{per_c[TARGET_CONCURRENCY]['latency_ms']['p99'] / top['latency_ms']['p99']:.2f}x",
+        ]
+        for label, per_c in runs.items()
+    ]
+    md = "# (g) Triton peer vs vision-serve, same weights, photos and concurrency\n\n" + _runs_table(runs)
+    md += f"\n\nAt concurrency {TARGET_CONCURRENCY}, against {TRITON_LABEL}:\n\n"
+    md += markdown_table(["config", "throughput ratio (higher is better)", "p99 ratio (lower is better)"], rows)
+    md += "\n\nTriton: tritonserver through PyTriton 0.7 (benchmarks/triton_model.py), one model instance, "
+    md += f"dynamic batcher up to {config['max_batch_size']}, queue delay {config['max_queue_delay_us']} us "
+    md += "(Triton's default); the Python callable decodes with Pillow and runs torchvision's Resize, CenterCrop "
+    md += f"and Normalize with the catalog's spec, then the eager fp32 model ({config['threads']} torch threads, "
+    md += f"channels_last {config['channels_last']}) from the same weights file, softmax and top-5. Requests: "
+    md += "KServe v2 with the binary tensor extension (the JPEG as one BYTES element). Triton's mean batch is "
+    md += "from its own counters (nv_inference_count / nv_inference_exec_count); it reports no server timings.\n\n"
+    return md + "\n".join(f"![{p}]({p})" for p in plot_names) + "\n"
+
+
 # targets ----------------------------------------------------------------------------------------------
 
 
@@ -529,10 +582,17 @@ class Target:
         return self.measured <= self.goal if self.lower_is_better else self.measured >= self.goal
 
 
-def targets(ceiling_record: dict, torchserve_record: dict, per_process_record: dict, precision_record: dict) -> list:
+def targets(
+    ceiling_record: dict,
+    torchserve_record: dict,
+    per_process_record: dict,
+    precision_record: dict,
+    triton_record: dict | None = None,
+) -> list:
     """The CPU targets of issue 6, each as a measured ratio (all from the same ``all`` run): efficiency
     and idle latency from (e), where the ceiling is bracketed with the server's runs; the TorchServe
-    ratios from (d), where every contender runs back to back; the per-process ratio from (a)."""
+    ratios from (d), where every contender runs back to back; the per-process ratio from (a); the
+    Triton ratios from (g), where there is one (result folders from before it have none)."""
     runs = torchserve_record["runs"]
     efficiency = ceiling_record["efficiency"]
     engine_of = {c.label: engine_label(c) for c in VISION_SERVE_CONFIGS}
@@ -577,7 +637,31 @@ def targets(ceiling_record: dict, torchserve_record: dict, per_process_record: d
     for label, e in efficiency.items():
         how = f"p50 {e['served_c1_p50_ms']:.1f} ms / model-only batch 1 {e['model_b1_ms']:.1f} ms (median of rounds)"
         found.append(Target(f"concurrency-1 latency, {label}", 1.15, e["c1_ratio"], how, lower_is_better=True))
+    if triton_record is not None:
+        found += triton_targets(triton_record)
     return found
+
+
+def triton_targets(triton_record: dict) -> list[Target]:
+    """vision-serve's fastest fp32 configuration >= 1.1x Triton's throughput at concurrency 32, and its
+    p99 there no worse than Triton's; both from the (g) runs, where the two ran back to back."""
+    runs = triton_record["runs"]
+    top = TARGET_CONCURRENCY
+    fp32 = {c.label for c in VISION_SERVE_CONFIGS if c.precision == "fp32"}
+    ours = max((label for label in runs if label in fp32), key=lambda label: runs[label][top]["throughput_rps"])
+    mine, theirs = runs[ours][top], runs[TRITON_LABEL][top]
+    how = f"{ours} {mine['throughput_rps']:.2f} img/s / {TRITON_LABEL} {theirs['throughput_rps']:.2f} img/s at c={top}"
+    p99 = f"{ours} p99 {mine['latency_ms']['p99']:.0f} ms / {TRITON_LABEL} p99 {theirs['latency_ms']['p99']:.0f} ms"
+    return [
+        Target("vs Triton at fp32", 1.1, mine["throughput_rps"] / theirs["throughput_rps"], how),
+        Target(
+            "p99 vs Triton at fp32",
+            1.0,
+            mine["latency_ms"]["p99"] / theirs["latency_ms"]["p99"],
+            f"{p99} at c={top}",
+            lower_is_better=True,
+        ),
+    ]
 
 
 def precision_verdict(precision_record: dict, engine: str, precision_name: str) -> tuple[bool, str]:
@@ -622,7 +706,7 @@ def targets_markdown(found: Sequence[Target]) -> str:
 
 # CLI ----------------------------------------------------------------------------------------------------
 
-EXPERIMENTS = ("per-process", "batching", "workers", "torchserve", "ceiling", "precision", "all", "targets")
+EXPERIMENTS = ("per-process", "batching", "workers", "torchserve", "triton", "ceiling", "precision", "all", "targets")
 RUN_ALL = EXPERIMENTS[:-2]
 
 
@@ -641,14 +725,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     out = results_dir(args.output_dir)
     if args.experiment == "targets":  # recompute the verdicts from the JSON of an earlier `all` run
-        write_targets(out, *(_read_runs(out, name) for name in ("ceiling", "torchserve", "per_process", "precision")))
+        records = [_read_runs(out, name) for name in ("ceiling", "torchserve", "per_process", "precision")]
+        write_targets(out, *records, _read_runs(out, "triton", required=False))
         return
-    needs_artifacts = args.experiment in ("torchserve", "ceiling", "precision", "all")
+    needs_artifacts = args.experiment in ("torchserve", "triton", "ceiling", "precision", "all")
     precisions = [p for p in args.precisions.split(",") if p] if needs_artifacts else []
     inputs = prepare_inputs(args.model, args.work, args.weights, precisions)
     opts = Options(inputs, out, args.requests, args.per_process_images)
     started = time.perf_counter()
     chosen = RUN_ALL if args.experiment == "all" else (args.experiment,)
+    if "triton" in chosen:  # fail now, not after the experiments before it: it needs Python 3.13 and PyTriton
+        from benchmarks.triton_env import ensure_venv
+
+        ensure_venv(model=True)
     records: dict[str, dict] = {}
     for name in chosen:
         logger.info("=== experiment %s", name)
@@ -660,16 +749,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "batching": batching,
                 "workers": workers,
                 "torchserve": torchserve,
+                "triton": triton,
                 "ceiling": ceiling,
             }[name](opts)
     if args.experiment == "all":
-        write_targets(out, records["ceiling"], records["torchserve"], records["per-process"], records["precision"])
+        names = ("ceiling", "torchserve", "per-process", "precision", "triton")
+        write_targets(out, *(records[name] for name in names))
     (out / "machine.json").write_text(json.dumps(machine_record(), indent=1) + "\n")
     logger.info("done in %.0f s; results in %s", time.perf_counter() - started, out)
 
 
-def write_targets(out: Path, ceiling_record: dict, torchserve_record: dict, per_process: dict, precision: dict) -> None:
-    found = targets(ceiling_record, torchserve_record, per_process, precision)
+def write_targets(
+    out: Path,
+    ceiling_record: dict,
+    torchserve_record: dict,
+    per_process: dict,
+    precision: dict,
+    triton_record: dict | None = None,
+) -> None:
+    found = targets(ceiling_record, torchserve_record, per_process, precision, triton_record)
     md = targets_markdown(found)
     write_results(out, "targets", {"targets": [{**t.__dict__, "met": t.met} for t in found]}, md, text_suffix=".md")
     print(md)
@@ -680,9 +778,12 @@ def _read(out: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _read_runs(out: Path, name: str) -> dict:
-    """A record read back from JSON, with the per-concurrency keys ("32") turned back into ints."""
+def _read_runs(out: Path, name: str, required: bool = True) -> dict | None:
+    """A record read back from JSON, with the per-concurrency keys ("32") turned back into ints; None
+    for a missing optional one."""
     record = _read(out, name)
+    if record is None and not required:
+        return None
     if record is None:
         raise SystemExit(f"{out / name}.json is missing: run `python -m benchmarks.experiments all` first.")
 

@@ -7,7 +7,8 @@
         --requests 400 --rate 8 --arrivals poisson
 
 Each request POSTs the next image of the folder (raw bytes, so any server that takes an image body
-works: vision-serve's /predict, TorchServe's /predictions/NAME). Per request it keeps the client
+works: vision-serve's /predict, TorchServe's /predictions/NAME; an ``encode`` function wraps the image
+for a server that wants another body, as Triton's KServe v2 request). Per request it keeps the client
 latency, the status, and what the server says about it: ``X-Batch-Size`` and ``Server-Timing``
 (queue, preprocess, inference, postprocess, total). The summary has p50/p95/p99, throughput,
 errors by status and the median server-side breakdown.
@@ -32,7 +33,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -49,6 +50,9 @@ CONSTANT, POISSON = "constant", "poisson"
 CLIENT_TIMEOUT_S = 300.0  # longer than any server deadline: a request that times out here was lost
 DEFAULT_MAX_SECONDS = 600.0
 TIMING_PARTS = ("queue", "preprocess", "inference", "postprocess", "total")
+# An image -> the request body and headers that carry it. Module-level functions (or partials of them)
+# only: run_load pickles it for its client processes.
+Encoder = Callable[[bytes], tuple[bytes, dict[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -146,16 +150,24 @@ def content_type(image: bytes) -> str:
     return f"image/{fmt.lower()}" if fmt else "application/octet-stream"
 
 
+def raw_image(image: bytes) -> tuple[bytes, dict[str, str]]:
+    """The default request: the image bytes as the body, with their media type."""
+    return image, {"Content-Type": content_type(image)}
+
+
 class _Sender:
-    def __init__(self, client: httpx.AsyncClient, url: str, images: Sequence[bytes], started: float) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, url: str, images: Sequence[bytes], started: float, encode: Encoder = raw_image
+    ) -> None:
         self.client, self.url, self.started = client, url, started
-        self.bodies = [(image, {"Content-Type": content_type(image)}) for image in images]
+        # Encoded once per image before the clock starts: every server's client does the same work per request.
+        self.bodies = [encode(image) for image in images]
 
     async def send(self, index: int, scheduled: float | None = None) -> Sample:
-        image, headers = self.bodies[index % len(self.bodies)]
+        body, headers = self.bodies[index % len(self.bodies)]
         sent = time.perf_counter() if scheduled is None else scheduled
         try:
-            response = await self.client.post(self.url, content=image, headers=headers)
+            response = await self.client.post(self.url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             return Sample(sent - self.started, (time.perf_counter() - sent) * 1e3, None, error=repr(exc))
         latency_ms = (time.perf_counter() - sent) * 1e3
@@ -200,14 +212,16 @@ async def _open_loop(sender: _Sender, spec: LoadSpec, first: int, deadline: floa
     return list(await asyncio.gather(*tasks))
 
 
-async def run_load_async(url: str, images: Sequence[bytes], spec: LoadSpec) -> tuple[list[Sample], float]:
+async def run_load_async(
+    url: str, images: Sequence[bytes], spec: LoadSpec, encode: Encoder = raw_image
+) -> tuple[list[Sample], float]:
     """Offer ``spec``'s load to ``url``; returns the samples and the wall time of the measured part."""
     check_loopback(url)
     if not images:
         raise ValueError("No images to send.")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
-        sender = _Sender(client, url, images, time.perf_counter())
+        sender = _Sender(client, url, images, time.perf_counter(), encode)
         if spec.warmup_requests:
             warmup = LoadSpec(spec.warmup_requests, concurrency=max(1, spec.concurrency), max_seconds=spec.max_seconds)
             await _closed_loop(sender, warmup, 0, time.perf_counter() + spec.max_seconds)
@@ -219,12 +233,14 @@ async def run_load_async(url: str, images: Sequence[bytes], spec: LoadSpec) -> t
     return samples, elapsed
 
 
-def run_load(url: str, images: Sequence[bytes], spec: LoadSpec, processes: int = 1) -> LoadResult:
+def run_load(
+    url: str, images: Sequence[bytes], spec: LoadSpec, processes: int = 1, encode: Encoder = raw_image
+) -> LoadResult:
     """Blocking :func:`run_load_async`. ``processes`` > 1 splits the load over that many client
     processes (concurrency and rate divided; Poisson streams merge into a Poisson stream), for
     servers fast enough that one Python client process would be the bottleneck."""
     if processes <= 1:
-        samples, elapsed = asyncio.run(run_load_async(url, images, spec))
+        samples, elapsed = asyncio.run(run_load_async(url, images, spec, encode))
         return LoadResult(spec, samples, elapsed)
     processes = min(processes, spec.requests)  # a client process with nothing to send is no client
     if spec.mode == CLOSED and spec.concurrency < processes:
@@ -251,13 +267,13 @@ def run_load(url: str, images: Sequence[bytes], spec: LoadSpec, processes: int =
     # spawn, not fork: the caller may hold CUDA or DALI threads, and a forked child inherits their locks.
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
-        parts = list(pool.map(_run_share, [url] * processes, [list(images)] * processes, shares))
+        parts = list(pool.map(_run_share, [url] * processes, [list(images)] * processes, shares, [encode] * processes))
     samples = [s for part, _ in parts for s in part]
     return LoadResult(spec, samples, max(elapsed for _, elapsed in parts))
 
 
-def _run_share(url: str, images: list[bytes], spec: LoadSpec) -> tuple[list[Sample], float]:
-    return asyncio.run(run_load_async(url, images, spec))
+def _run_share(url: str, images: list[bytes], spec: LoadSpec, encode: Encoder) -> tuple[list[Sample], float]:
+    return asyncio.run(run_load_async(url, images, spec, encode))
 
 
 @dataclass

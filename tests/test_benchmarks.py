@@ -386,3 +386,33 @@ def test_the_triton_peer_skips_a_pyenv_shim_that_does_not_run(tmp_path, monkeypa
     monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
     assert find_python("3.13") == str(installed / "python3.13")
+
+
+def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
+    """The benchmark's 64-image bodies are what /predict and the OIP route accept (no server needed)."""
+    import asyncio
+
+    from starlette.requests import Request as StarletteRequest
+
+    from benchmarks.images_per_request import multipart_request, oip_request, render, to_row
+    from service.oip_http import parse_infer_body
+    from service.request_parsing import RequestLimits, read_predict_request
+
+    oip = oip_request(b"\xff\xd8jpeg", 3, model="m")
+    call = parse_infer_body(oip.body, oip.headers["Inference-Header-Content-Length"], 64)
+    assert oip.path == "/v2/models/m/infer" and call.images == [b"\xff\xd8jpeg"] * 3
+
+    form = multipart_request(b"\xff\xd8jpeg", 3)
+    headers = [(k.lower().encode(), v.encode()) for k, v in form.headers.items()]
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": form.body, "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/predict", "headers": headers, "query_string": b""}
+    parsed = asyncio.run(read_predict_request(StarletteRequest(scope, receive), RequestLimits()))
+    assert parsed.many and parsed.images == [b"\xff\xd8jpeg"] * 3
+
+    raw = {"duration_us": 2e6, "requests": 10, "p50_us": 1000, "p99_us": 2000, "non_2xx": 0, "socket_errors": 0}
+    rows = [to_row("predict-1", 64, raw, cpu_s=1.0), to_row("predict-64", 1, raw, cpu_s=16.0)]
+    assert rows[1].images_per_s == 320.0 and rows[1].server_cpu_ms_per_image == 25.0
+    assert "`predict-64` x1: 64.00x the images per second, 0.25x the server CPU per image" in render(rows, 2.0)
