@@ -474,7 +474,7 @@ def torchserve(opts: Options) -> dict:
     concurrencies = [1, TARGET_CONCURRENCY]
     work = opts.inputs.work / "torchserve"
     model_store = work / f"model_store-{opts.inputs.weights_file.stem}"  # one archive per weights file
-    if not (model_store / f"{opts.inputs.model}.mar").exists():  # 40 s of tracing and zipping: once
+    if not (model_store / f"{opts.inputs.model}.mar").exists():  # tracing and zipping are slow: once
         torchscript = export_torchscript(opts.inputs.model, str(opts.inputs.weights_file), work / "model.pt")
         build_mar(torchscript, model_store, opts.inputs.model)
     specs = _sweep_specs(opts, concurrencies)

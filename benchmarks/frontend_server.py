@@ -47,8 +47,8 @@ class NoopClassifierAPI(ClassifierAPI):
         self.served = dataclasses.replace(self.served, engine_name=ENGINE_NOOP, run=zero_logits)
         self.preprocessor = NoopPreprocessor(self.served.entry.preprocess, torch.device("cpu"))
         # The no-op stands in for a GPU, where softmax and top-k are kernel launches; on a CPU
-        # thread pool they would spin on cores the front end needs (60 % of the worker's samples
-        # with 2 threads, measured).
+        # thread pool they would spin on cores the front end needs (most of the worker's profile
+        # with 2 threads).
         torch.set_num_threads(1)
         logger.info("Front-end benchmark: decoding and the model are no-ops")
 

@@ -102,8 +102,8 @@ case "$phase" in
     log "compile ResNet-152 fp16 (AOTInductor) for the suite, in the background"
     setsid timeout 900 python3 -m benchmarks.gpu_suite --steps compile --output-dir "$results" \
       >/tmp/phase-compile.log 2>&1 </dev/null &
-    gpu_tests core "not dali and not cvcuda" tests/test_gpu.py tests/test_preprocess_serving.py \
-      tests/test_preprocessing_backends.py
+    gpu_tests core "not dali and not cvcuda" tests/e2e/test_gpu.py tests/e2e/test_preprocess_serving.py \
+      tests/unit/test_preprocessing_backends.py
     wait_for_compile 120
     ;;
   suite)
@@ -114,12 +114,12 @@ case "$phase" in
   cvcuda)
     versions | tee "$results/versions-cvcuda.txt"
     python3 -c "import cvcuda, nvidia.nvimgcodec as n; print('cvcuda', cvcuda.__version__, 'nvimgcodec', n.__version__)"
-    gpu_tests cvcuda "cvcuda" tests/test_preprocessing_backends.py tests/test_preprocess_serving.py
+    gpu_tests cvcuda "cvcuda" tests/unit/test_preprocessing_backends.py tests/e2e/test_preprocess_serving.py
     python3 -m benchmarks.preprocess_parity --device cuda --output "$results" 2>&1 | tail -20
     ;;
   dali)
     versions | tee "$results/versions-dali.txt"
-    gpu_tests dali "dali" tests/test_preprocessing_backends.py tests/test_preprocess_serving.py
+    gpu_tests dali "dali" tests/unit/test_preprocessing_backends.py tests/e2e/test_preprocess_serving.py
     python3 -m benchmarks.preprocess_parity --device cuda --output "$results" 2>&1 | tail -20
     timeout 300 python3 -m benchmarks.preprocess_throughput --device cuda --repeats 3 \
       --output "$results/preprocess" 2>&1 | tail -40

@@ -149,8 +149,9 @@ def main() -> None:
     parser.add_argument("--weights", default="random")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--precision", default="fp16")
-    # 4 processes gave 1,337 req/s against a no-op server on a 16-core H100 machine: not enough for
-    # a compiled engine, so use more where there are cores for them.
+    # 4 processes are not enough for a compiled engine on a 16-core H100 machine (what they sent to a
+    # no-op server: benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-22/README.md), so use more where
+    # there are cores for them.
     parser.add_argument("--client-processes", type=int, default=max(4, (os.cpu_count() or 1) // 2))
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK_DIR / "gpu")
     parser.add_argument("--output-dir", type=Path, default=None)

@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from compile.gate import IMAGE_SUFFIXES
+from compile.sample_photos import sample_photo
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +30,10 @@ NOISE_SIGMA = 4.0  # sensor-like noise, so JPEG sizes look like photos rather th
 
 def photo_jpegs(width: int, height: int, sources: tuple[str, ...] = PHOTOS, seed: int = 0) -> list[bytes]:
     """One JPEG per source photo: center-cropped to the target aspect, Lanczos-resized, noise added."""
-    from skimage import data
-
     rng = np.random.default_rng(seed)
     jpegs = []
     for name in sources:
-        photo = Image.fromarray(getattr(data, name)()).convert("RGB")
+        photo = Image.fromarray(sample_photo(name))
         scale = min(photo.width / width, photo.height / height)
         crop_w, crop_h = round(width * scale), round(height * scale)
         left, top = (photo.width - crop_w) // 2, (photo.height - crop_h) // 2

@@ -22,7 +22,9 @@ from PIL import Image
 
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.suite import markdown_table
+from compile._defaults import SAMPLE_PHOTO_JPEG_QUALITY
 from compile.catalog import get_model_entry
+from compile.sample_photos import sample_photo
 from preprocessing import PreprocessSpec, create_preprocessor
 from preprocessing.registry import backend_problem
 
@@ -40,18 +42,16 @@ SPECS = {
 
 def photos() -> dict[str, bytes]:
     """scikit-image's sample photos as JPEGs (quality 92) in the shapes the tests use."""
-    from skimage import data
-
     arrays = {
-        "landscape": data.chelsea(),
-        "square": data.astronaut(),
-        "portrait": data.coffee()[:, :220],
-        "small": data.rocket()[:90, :120],
+        "landscape": sample_photo("chelsea"),
+        "square": sample_photo("astronaut"),
+        "portrait": sample_photo("coffee")[:, :220],
+        "small": sample_photo("rocket")[:90, :120],
     }
     encoded = {}
     for name, array in arrays.items():
         buffer = io.BytesIO()
-        Image.fromarray(np.ascontiguousarray(array)).convert("RGB").save(buffer, format="JPEG", quality=92)
+        Image.fromarray(np.ascontiguousarray(array)).save(buffer, format="JPEG", quality=SAMPLE_PHOTO_JPEG_QUALITY)
         encoded[name] = buffer.getvalue()
     return encoded
 

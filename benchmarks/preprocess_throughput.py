@@ -45,9 +45,9 @@ SIZES = {"imagenet": (500, 375), "12mp": (4000, 3000)}  # width x height
 SOURCES = ("chelsea", "coffee", "astronaut", "rocket")  # skimage.data photos
 WARMUP_CALLS = 2
 # Linux folds a running thread's CPU time into the process total only at scheduler ticks and context
-# switches, so process CPU time over a few milliseconds is off by up to a tick per thread (2.6
-# "cores" measured on 2 CPUs); below this much timed wall time, cores come from one block of
-# back-to-back calls at least this long instead.
+# switches, so process CPU time over a few milliseconds is off by up to a tick per thread (it showed
+# more "cores" busy than the machine has); below this much timed wall time, cores come from one block
+# of back-to-back calls at least this long instead.
 CPU_WINDOW_SECONDS = 1.0
 
 

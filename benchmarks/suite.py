@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WORK_DIR = Path("/tmp/vision-serve-bench")
 # The CPU experiments serve batches of up to 8, TorchServe's batch size in the seed setup; on 2 cores
-# ResNet-152 is fastest per image at 8 (7.8 img/s eager vs 6.7 at 32, compiled_throughput results).
+# ResNet-152 is fastest per image at 8 (benchmarks/results/vm-2cpu-2026-11-21/compiled_throughput-resnet152-cpu.txt).
 CPU_MAX_BATCH = 8
 # Closed-loop runs never hit the deadline on purpose: a slow configuration must show up as low
 # throughput and high latency, not as 504s.

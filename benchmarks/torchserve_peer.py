@@ -65,6 +65,8 @@ import httpx
 import psutil
 import torch
 
+from compile.sample_photos import sample_photo_file
+
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "resnet152"
@@ -74,7 +76,6 @@ STARTUP_TIMEOUT_S = 300.0  # JVM start + two workers each loading a 230 MB Torch
 STOP_TIMEOUT_S = 60.0
 # TorchServe's own defaults, restated so that callers can record what the peer ran with.
 TORCHSERVE_DEFAULT_MAX_BATCH_DELAY_MS = 100
-TORCHSERVE_DEFAULT_JOB_QUEUE_SIZE = 100
 # A worker whose handler cannot load is restarted forever with back-off; after this many deaths
 # during startup we stop waiting and show the log instead of sitting out the whole timeout.
 MAX_WORKER_DEATHS_WHILE_STARTING = 4
@@ -497,15 +498,6 @@ class TorchServeProcess:
 # ---- smoke test ---------------------------------------------------------------------------------
 
 
-def _chelsea_jpeg() -> bytes:
-    from PIL import Image
-    from skimage import data
-
-    buffer = io.BytesIO()
-    Image.fromarray(data.chelsea()).save(buffer, format="JPEG", quality=92)
-    return buffer.getvalue()
-
-
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -552,7 +544,7 @@ def smoke(batch_size: int, requests: int, weights: str, workdir: Path | None) ->
         try:
             print(f"TorchServe ready in {server.startup_s:.1f} s at {server.predict_url}; pids {server.pids()}")
             _describe_workers(server)
-            image = _chelsea_jpeg()
+            image = sample_photo_file("chelsea")
             with httpx.Client(timeout=120.0) as client, ThreadPoolExecutor(max_workers=requests) as pool:
 
                 def post(_: int) -> httpx.Response:

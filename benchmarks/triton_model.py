@@ -13,8 +13,9 @@ what a Triton Python model for an image classifier does:
   file's bytes: the dynamic batcher only merges requests of the same shape, and JPEGs differ in length.
 * Pillow decode, ``.convert("RGB")``, then torchvision's ``Resize`` (shorter side, antialiased),
   ``CenterCrop``, ``ToTensor`` and ``Normalize`` with the model's catalog spec (for ResNet-152,
-  its torchvision weights' own: resize 232, crop 224, ImageNet mean/std, bilinear): the transforms the torchvision weights document, as TorchServe's
-  image handler runs them. The images of a batch are decoded on a thread pool (Pillow releases the GIL).
+  its torchvision weights' own: resize 232, crop 224, ImageNet mean/std, bilinear): the transforms
+  the torchvision weights document, as TorchServe's image handler runs them. The images of a batch
+  are decoded on a thread pool (Pillow releases the GIL).
 * The eager fp32 model from the same weights file and loader as vision-serve's eager path
   (``compile.weights.load_model``), channels_last as vision-serve's eager engine, ``inference_mode``.
 * Softmax and top-5 on the batch; outputs ``labels`` (BYTES) and ``probabilities`` (FP32), 5 per image.

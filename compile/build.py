@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 
 from compile import _defaults
-from compile.backends import PRECISION_DTYPES, CompileBackend, PrecisionCast, get_backend, resolve_backend
+from compile.backends import PRECISION_DTYPES, CompileBackend, PrecisionCast, get_backend, resolve_compile_backend
 from compile.catalog import ModelEntry, get_model_entry
-from compile.features import describe_device, library_versions, package_version, parse_device
-from compile.gate import GateReport, gate_inputs, run_gate, sample_photos
+from compile.devices import describe_device, parse_device
+from compile.gate import GateReport, gate_inputs, gate_photos, run_gate
 from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, sha256_file, write_manifest
 from compile.progress import Progress
 from compile.settings import CompileSettings
+from compile.versions import PROJECT_DISTRIBUTION, library_versions, package_version
 from compile.weights import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
@@ -130,14 +131,14 @@ class CompilePlan:
 def plan_compile(settings: CompileSettings) -> CompilePlan:
     """Resolve device, backend, model and output; every argument error surfaces here, before any work."""
     device = resolve_compile_device(settings.device, torch.cuda.device_count())
-    backend_name, reason = resolve_backend(settings.backend, device)
+    backend_name, reason = resolve_compile_backend(settings.backend, device)
     backend = get_backend(backend_name)
     backend.check_available(device)
     entry = get_model_entry(settings.model)
     output = Path(settings.output or default_output(entry.name, backend_name, settings.precision, device))
     output = output.expanduser()
     check_output_dir(output)
-    photos = sample_photos(settings.gate_images)
+    photos = gate_photos(settings.gate_images)
     return CompilePlan(settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos)
 
 
@@ -147,7 +148,7 @@ def engine_cache_key(plan: CompilePlan, weights_sha256: str, versions: dict, dev
     return cache_key(
         {
             "format": _defaults.MANIFEST_FORMAT_VERSION,
-            "vision_serve": package_version("vision-serve"),
+            "vision_serve": package_version(PROJECT_DISTRIBUTION),
             "model": entry.name,
             "weights_sha256": weights_sha256,
             "preprocess": entry.preprocess.to_dict(),

@@ -7,17 +7,17 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import Field, fields
 
 from compile import _defaults
+from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
 from compile.settings import CompileSettings, parse_batch
 
 EXIT_GATE_FAILED = 3
 EXIT_UNAVAILABLE = 4
 
 _HELP = {
-    "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
-    "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
+    **SHARED_HELP,
     "backend": "auto (tensorrt where torch_tensorrt imports and a GPU exists, else inductor), tensorrt, "
     "inductor (torch.export + AOTInductor) or eager",
     "precision": "fp32, fp16 or bf16 (bf16 uses the AVX-512 bf16 units on CPU)",
@@ -32,8 +32,9 @@ _HELP = {
     "gate_min_cosine": "override the gate's minimum cosine similarity of logits (0..1)",
     "gate_max_rel_error": "override the gate's maximum relative logit error",
     "force": "recompile even if --output already holds this exact engine",
-    "log_level": "logging level",
 }
+# The gate's threshold overrides: a number each, whose default depends on --precision.
+GATE_OVERRIDES = tuple(f.name for f in fields(CompileSettings) if f.name.startswith("gate_m"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,27 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile an image classifier into an engine artifact that `vision-serve --artifact DIR` serves.",
         epilog="Gate thresholds per precision: " + "; ".join(f"{p}: {t}" for p, t in _defaults.GATE_THRESHOLDS.items()),
     )
-    for f in fields(CompileSettings):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default
-        help_text = _HELP[f.name]
-        if f.name == "force":
-            parser.add_argument(flag, action="store_true", help=help_text)
-            continue
-        if f.name == "batch":
-            kwargs = {"type": parse_batch_arg, "metavar": "MIN,OPT,MAX"}
-            default = ",".join(map(str, default))
-        elif f.name in ("backend", "precision"):
-            kwargs = {"choices": _defaults.BACKENDS if f.name == "backend" else _defaults.PRECISIONS}
-        elif f.name == "log_level":
-            kwargs = {"choices": _defaults.LOG_LEVELS}
-        elif f.name.startswith("gate_m"):
-            kwargs = {"type": float, "metavar": "X"}
-            default = "per precision"
-        else:
-            kwargs = {"type": type(f.default), "metavar": f.name.upper()}
-        parser.add_argument(flag, default=None, help=f"{help_text} (default: {default})", **kwargs)
+    options = {
+        "force": {"action": "store_true", "default": False},
+        "batch": {"type": parse_batch_arg, "metavar": "MIN,OPT,MAX"},
+        "backend": {"choices": _defaults.BACKENDS},
+        "precision": {"choices": _defaults.PRECISIONS},
+        "log_level": {"choices": _defaults.LOG_LEVELS},
+        **{name: {"type": float, "metavar": "X"} for name in GATE_OVERRIDES},
+    }
+    add_settings_flags(parser, CompileSettings, _help_of, options)
     return parser
+
+
+def _help_of(f: Field) -> str:
+    if f.name == "force":
+        return _HELP[f.name]
+    default = f.default
+    if f.name == "batch":
+        default = ",".join(map(str, default))
+    elif f.name in GATE_OVERRIDES:
+        default = "per precision"
+    return f"{_HELP[f.name]} (default: {default})"
 
 
 def parse_batch_arg(text: str) -> tuple[int, int, int]:
@@ -81,11 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> CompileSettings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        settings = settings_from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    _, settings = parse_settings(parser, argv, settings_from_args)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

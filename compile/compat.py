@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from compile.backends import BACKENDS
-from compile.features import TENSORRT_HOME, cpu_capability_runs_here, cpu_isa_runs_here
+from compile.backends.tensorrt import TENSORRT_HOME
+from compile.devices import cpu_capability_runs_here, cpu_isa_runs_here
 from compile.manifest import Manifest
-
-
-def major_minor(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
+from compile.versions import major_minor
 
 
 def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[str]:
@@ -28,7 +26,7 @@ def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[
             continue
         exact = library in backend.exact_version_libraries
         if (built != here) if exact else (major_minor(built) != major_minor(here)):
-            required = built if exact else f"{major_minor(built)}.x"
+            required = built if exact else "{}.{}.x".format(*major_minor(built))
             problems.append(
                 f"it was compiled with {library} {built} and this environment has {here}; "
                 f"{manifest.backend} engines only load under {library} {required}. Recompile it here with compile-trt."

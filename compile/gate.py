@@ -7,7 +7,6 @@ dynamic batch dimension is exercised too. Measures are relative (see _defaults.G
 
 from __future__ import annotations
 
-import io
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,9 +15,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from compile import _defaults
-from compile.backends.base import EngineCallable
+from compile.backends.base import EngineCallable, use_exact_fp32
 from compile.catalog import ModelEntry
+from compile.sample_photos import sample_photo_files
 from preprocessing.pil_backend import PilPreprocessor
 
 logger = logging.getLogger(__name__)
@@ -67,8 +66,9 @@ class GateReport:
         return "\n".join(lines)
 
 
-def sample_photos(folder: str = "") -> list[tuple[str, bytes]]:
-    """(name, encoded bytes) of the gate's real photos; empty if none are available."""
+def gate_photos(folder: str = "") -> list[tuple[str, bytes]]:
+    """(name, encoded bytes) of the gate's real photos: ``folder``'s images, else the sample photos;
+    empty if neither is available."""
     if folder:
         root = Path(folder).expanduser()
         if not root.is_dir():
@@ -78,20 +78,13 @@ def sample_photos(folder: str = "") -> list[tuple[str, bytes]]:
             raise ValueError(f"--gate-images {folder!r} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
         return [(p.name, p.read_bytes()) for p in paths]
     try:
-        from PIL import Image
-        from skimage import data
+        return sample_photo_files("PNG")  # lossless: the gate compares on the photos themselves
     except ImportError:
         logger.warning(
             "scikit-image is not installed, so the accuracy gate uses random inputs only. "
             "Install vision-serve[demo] or pass --gate-images DIR for real photos."
         )
         return []
-    photos = []
-    for name in _defaults.SAMPLE_PHOTOS:
-        buf = io.BytesIO()
-        Image.fromarray(getattr(data, name)()).convert("RGB").save(buf, format="PNG")
-        photos.append((name, buf.getvalue()))
-    return photos
 
 
 def gate_inputs(entry: ModelEntry, photos: list[tuple[str, bytes]], random_count: int, seed: int) -> GateInputs:
@@ -153,7 +146,8 @@ def run_gate(
     """Run every input through ``engine`` at each gate batch size and compare with ``reference``."""
     count = len(inputs.names)
     images = inputs.images.to(device).contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode(), _exact_fp32():
+    use_exact_fp32("fp32", device)  # the reference is IEEE fp32 on every GPU, whatever the engine's precision
+    with torch.inference_mode():
         reference_logits = torch.cat([reference(images[i : i + 8]).float() for i in range(0, count, 8)]).cpu()
     compiled_rows, reference_rows = [], []
     real_top1: dict[int, int] = {}
@@ -187,15 +181,3 @@ def run_gate(
         "rows_compared": sum(len(r) for r in compiled_rows),
     }
     return GateReport(metrics, dict(thresholds), threshold_failures(metrics, thresholds), real_images, samples)
-
-
-class _exact_fp32:
-    """The reference runs in true fp32: no TF32 matmuls or convolutions on Ampere and later GPUs."""
-
-    def __enter__(self) -> None:
-        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-
-    def __exit__(self, *exc: object) -> None:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved

@@ -39,7 +39,7 @@ class Manifest:
     device_type: str  # "cpu" or "cuda"
     device_name: str
     device_capability: str  # torch's CPU capability (AVX512) or the GPU's sm_XY
-    device_isa: str  # CPU: the instruction sets compiled code may use (features.cpu_isa); GPU: ""
+    device_isa: str  # CPU: the instruction sets compiled code may use (devices.cpu_isa); GPU: ""
     engine_file: str  # relative to the artifact directory
     engine_sha256: str
     versions: dict[str, str]

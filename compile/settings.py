@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from compile import _defaults
+from compile.cli_flags import check_device_flag
 
 
 def parse_batch(text: str) -> tuple[int, int, int]:
@@ -54,8 +55,7 @@ class CompileSettings:
                 f"--batch MIN,OPT,MAX needs 1 <= MIN <= OPT <= MAX, got {low},{opt},{high}. "
                 "Example: 1,8,32 (OPT is the size TensorRT tunes for)."
             )
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        check_device_flag(self.device)
         if self.workspace_gib <= 0:
             raise ValueError(f"--workspace-gib must be > 0, got {self.workspace_gib}.")
         if self.optimization_level not in _defaults.TRT_OPTIMIZATION_LEVELS:

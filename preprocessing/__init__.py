@@ -1,7 +1,7 @@
 """Decode + resize + normalize backends behind one interface (``Preprocessor``)."""
 
 from preprocessing.base import ImageDecodeError, ImageError, PreparedBatch, Preprocessor
-from preprocessing.registry import available_backends, create_preprocessor, resolve_backend
+from preprocessing.registry import create_preprocessor, resolve_preprocess_backend
 from preprocessing.spec import PreprocessSpec
 
 __all__ = [
@@ -10,7 +10,6 @@ __all__ = [
     "PreparedBatch",
     "PreprocessSpec",
     "Preprocessor",
-    "available_backends",
     "create_preprocessor",
-    "resolve_backend",
+    "resolve_preprocess_backend",
 ]

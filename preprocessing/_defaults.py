@@ -7,7 +7,7 @@ MAX_IMAGE_PIXELS = 100_000_000
 # JPEG draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, which is far cheaper for big
 # photos. We only ask for a draft that keeps at least this many times the resize target on the
 # shorter side, so the final antialiased resize still does a real (>= 2x) reduction; measured
-# effect on the model input is in tests/test_preprocessing_pil.py and README.md.
+# effect on the model input is in tests/unit/test_preprocessing_pil.py and docs/preprocessing.md.
 JPEG_DRAFT_HEADROOM = 2
 
 # Resize-then-crop is exact but allocates the whole resized image; above this many times

@@ -45,8 +45,8 @@ _PLAIN_JPEG_SEGMENTS = frozenset({0xC4, 0xCC, 0xDD, 0xFE, *range(0xE0, 0xF0)})  
 _APP_FIELDS = {(0xE0, b"JFIF"): 7, (0xE2, b"ICC_PROFILE\x00"): 14, (0xEE, b"Adobe"): 7, (0xE2, b"MPF\x00"): None}
 
 # Pillow inflates a PNG's compressed text chunks while it opens the file, up to 64 MB per image by
-# default: a 63 KB upload could cost ~200 ms of header parsing in the HTTP process. Photos carry a
-# few kB of text (XMP, ICC names); more is refused as a corrupt header (400).
+# default: a small upload could stall the HTTP process on header parsing alone. Photos carry a few
+# kB of text (XMP, ICC names); more is refused as a corrupt header (400).
 PngImagePlugin.MAX_TEXT_MEMORY = min(PngImagePlugin.MAX_TEXT_MEMORY, 4 * 1024 * 1024)
 
 
@@ -101,7 +101,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
     builds none of its tables: about 5 microseconds instead of Pillow's 50 in the HTTP process, for almost all
     photo traffic. Anything unusual (junk between segments, several frames, a multi-picture index,
     markers a photo header does not hold) returns ``None``, so the answer never differs from
-    Pillow's (tests/test_probe.py holds it to that on fuzzed headers).
+    Pillow's (tests/unit/test_probe.py holds it to that on fuzzed headers).
     """
     if not data.startswith(b"\xff\xd8"):
         return None

@@ -14,10 +14,6 @@ from preprocessing.spec import PreprocessSpec
 logger = logging.getLogger(__name__)
 
 
-def available_backends() -> tuple[str, ...]:
-    return _defaults.BACKENDS
-
-
 @functools.cache
 def _import_problem(backend: str) -> str | None:
     """Why ``backend``'s libraries cannot be imported here, or ``None``. Imports are tried once."""
@@ -40,8 +36,8 @@ def backend_problem(backend: str, device: torch.device | str) -> str | None:
     return _import_problem(backend)
 
 
-def resolve_backend(name: str, device: torch.device | str) -> tuple[str, str]:
-    """``(backend, reason)`` for a requested name (``auto`` or a backend) on ``device``.
+def resolve_preprocess_backend(name: str, device: torch.device | str) -> tuple[str, str]:
+    """``(preprocessing backend, reason)`` for ``--preprocess`` (``auto`` or a backend) on ``device``.
 
     Raises ``ValueError`` for an unknown name or a backend that cannot run on ``device``.
     """
@@ -81,7 +77,7 @@ def create_preprocessor(
     (say, DALI on a driver too old for its CUDA) is skipped with a warning for the next usable one.
     """
     device = torch.device(device)
-    backend, reason = resolve_backend(name, device)
+    backend, reason = resolve_preprocess_backend(name, device)
     candidates = [backend]
     if name == "auto":
         later = _defaults.BACKENDS[_defaults.BACKENDS.index(backend) + 1 :]

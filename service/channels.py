@@ -2,8 +2,9 @@
 
 LitServe 0.2.19 moves every request through a multiprocessing-manager queue and every answer
 through manager queues too: each hop is a blocking, pickled round trip through the manager
-process, made on the HTTP process's event loop. Measured with no-op decoding and model at 64
-connections, those calls were 41 % of the HTTP process's samples and 59 % of the worker's.
+process, made on the HTTP process's event loop. Profiled with no-op decoding and model, those calls
+took a large share of both the HTTP process and the worker (throughput before and after:
+benchmarks/results/vm-2cpu-2026-11-23/frontend-before.md and frontend.md).
 
 Here:
 - every worker binds one PULL socket for its requests, and holds one PUSH socket per HTTP

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import Field
 from pathlib import Path
 
+from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
 from service.logs import LOG_FORMATS, adopt_library_loggers, configure_logging
 from service.settings import (
     CONFIG_ENV,
@@ -15,7 +16,6 @@ from service.settings import (
     ResolvedSettings,
     ServeSettings,
     env_var,
-    flag,
     render_config,
     resolve_settings,
 )
@@ -26,8 +26,7 @@ COMMAND_FLAGS = ("config", "print_config")
 _HELP = {
     "artifact": "a compile-trt artifact directory to serve; its manifest sets the model, weights, "
     "preprocessing and labels",
-    "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
-    "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
+    **SHARED_HELP,
     "device": "auto, cpu, cuda (every GPU) or cuda:N",
     "preprocess": "preprocessing backend: auto (first usable of dali, cvcuda, torch on a GPU; pil on a CPU), "
     "dali, cvcuda, torch or pil",
@@ -42,7 +41,6 @@ _HELP = {
     "port": "TCP port (HTTP: /predict, the OIP v2 routes, probes, metrics)",
     "grpc_port": "TCP port for the Open Inference Protocol over gRPC (KServe v2, Triton's GRPCInferenceService); "
     "0: no gRPC",
-    "log_level": "logging level",
     "log_format": "text (for a terminal) or json (one object per line with the request id, for log pipelines)",
     "max_body_bytes": "largest request body accepted; larger ones get 413",
     "max_image_pixels": "largest image (width x height, read from its header before decoding) accepted; "
@@ -73,17 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the effective settings, where each comes from, as a config file; then exit",
     )
-    for f in fields(ServeSettings):
-        kwargs = {"type": type(f.default), "default": None, "metavar": f.name.upper()}
-        if f.name == "log_level":
-            kwargs = {"choices": LOG_LEVELS, "default": None}
-        elif f.name == "log_format":
-            kwargs = {"choices": LOG_FORMATS, "default": None}
-        default = f.default if f.default != "" else "none"
-        if isinstance(f.default, int) and f.default >= 10_000:
-            default = f"{f.default:_}"
-        parser.add_argument(flag(f.name), help=f"{_HELP[f.name]} (default: {default}; env {env_var(f.name)})", **kwargs)
+    options = {"log_level": {"choices": LOG_LEVELS}, "log_format": {"choices": LOG_FORMATS}}
+    add_settings_flags(parser, ServeSettings, _help_of, options)
     return parser
+
+
+def _help_of(f: Field) -> str:
+    default = f.default if f.default != "" else "none"
+    if isinstance(f.default, int) and f.default >= 10_000:
+        default = f"{f.default:_}"
+    return f"{_HELP[f.name]} (default: {default}; env {env_var(f.name)})"
 
 
 def resolve_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ResolvedSettings:
@@ -98,11 +95,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        resolved = resolve_from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    args, resolved = parse_settings(parser, argv, resolve_from_args)
     if args.print_config:
         sys.stdout.write(render_config(resolved))
         return 0

@@ -19,8 +19,8 @@ import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 
-from compile._defaults import SAMPLE_PHOTOS
 from compile.catalog import get_model_entry
+from compile.sample_photos import sample_photo_files
 from compile.weights import torchvision_cache_file
 from service.classify_cli import classify_all, print_outcomes
 from service.process import ServerProcess, ServerStartError
@@ -31,13 +31,11 @@ FALLBACK_MODEL = "efficientnet-lite0"
 
 
 def write_sample_images(directory: Path) -> list[Path]:
-    from PIL import Image
-    from skimage import data
-
+    """The sample photos as JPEG files in ``directory``: the demo classifies files, as a user would."""
     paths = []
-    for name in SAMPLE_PHOTOS:
+    for name, jpeg in sample_photo_files():
         path = directory / f"{name}.jpg"
-        Image.fromarray(getattr(data, name)()).convert("RGB").save(path, quality=92)
+        path.write_bytes(jpeg)
         paths.append(path)
     return paths
 

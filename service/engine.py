@@ -12,8 +12,9 @@ import torch
 from compile.backends import EngineCallable, get_backend
 from compile.catalog import ModelEntry, get_model_entry
 from compile.compat import describe_problems, device_problems, version_problems
-from compile.features import describe_device, library_versions
+from compile.devices import describe_device
 from compile.manifest import Manifest, read_manifest
+from compile.versions import library_versions
 from compile.weights import load_model
 
 logger = logging.getLogger(__name__)

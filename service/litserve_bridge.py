@@ -5,7 +5,7 @@ spawned inference workers, the forked uvicorn processes, graceful shutdown), and
 request path: routes, request and answer transport (service/channels.py), batching loop, worker
 recovery. That needs hooks LitServe does not make public. ``LitServerBridge`` turns them into
 plain methods for service/server.py; ``WorkerLoop`` does the same for the worker's loop.
-tests/test_litserve_bridge.py holds one contract test per internal used here, so an upgrade that
+tests/unit/test_litserve_bridge.py holds one contract test per internal used here, so an upgrade that
 moves one fails there, by name, instead of somewhere in the request path.
 """
 
@@ -31,7 +31,7 @@ def check_litserve_version(installed: str) -> None:
         raise ImportError(
             f"vision-serve uses LitServe internals checked against litserve=={SUPPORTED_LITSERVE}, but "
             f"{installed} is installed: pip install litserve=={SUPPORTED_LITSERVE}. To move to a new "
-            "version, run tests/test_litserve_bridge.py against it and fix service/litserve_bridge.py."
+            "version, run tests/unit/test_litserve_bridge.py against it and fix service/litserve_bridge.py."
         )
 
 
@@ -41,7 +41,6 @@ check_litserve_version(ls.__version__)
 STARTING = WorkerSetupStatus.STARTING
 READY = WorkerSetupStatus.READY
 ERROR = WorkerSetupStatus.ERROR
-WORKER_STATES = (STARTING, READY, ERROR)
 
 
 class StartupInterrupted(Exception):

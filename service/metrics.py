@@ -24,7 +24,6 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -132,12 +131,21 @@ class Metrics:
 @functools.cache
 def metrics() -> Metrics:
     """This process's metric objects, made on first use (inside ``multiprocess_mode``, in a server)."""
+    import prometheus_client.values as values
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+    # The kind of values the environment asks for now: file-backed only inside multiprocess_mode.
+    # The environment may have changed since the last switch (a caller restoring it afterwards).
+    values.ValueClass = values.get_value_class()
     registry = CollectorRegistry()
     common = {"registry": registry}
     return Metrics(
-        requests=Counter(PREFIX + "requests", "POST /predict responses by HTTP status code.", ["code"], **common),
+        requests=Counter(
+            PREFIX + "requests",
+            "Inference responses (POST /predict, OIP infer over HTTP and gRPC) by HTTP status code.",
+            ["code"],
+            **common,
+        ),
         stage_duration=Histogram(
             PREFIX + "stage_duration_seconds",
             "Seconds each request spent per stage: queue (admission to batch start), preprocess, inference, "
@@ -227,15 +235,16 @@ class LiveStateCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         state = self.state
-        yield _gauge(PREFIX + "queue_depth", "Requests waiting for an inference worker.", _safe(state.queue_depth))
+        yield _gauge(PREFIX + "queue_depth", "Images waiting for an inference worker.", _safe(state.queue_depth))
         yield _gauge(
             PREFIX + "requests_in_flight",
-            "Requests admitted and not yet answered (queued or running); bounded by --max-queue.",
+            "Images admitted and not yet answered (queued or running; a request of N images counts N); "
+            "bounded by --max-queue.",
             state.in_flight(),
         )
         yield _gauge(
             PREFIX + "requests_in_flight_limit",
-            "Most requests in flight (--max-queue); more get 503.",
+            "Most images in flight (--max-queue); more get 503.",
             state.in_flight_limit,
         )
         workers = GaugeMetricFamily(PREFIX + "workers", "Inference workers by state.", labels=["state"])
@@ -263,13 +272,6 @@ def _safe(read: Callable[[], int]) -> float:
         return read()
     except (OSError, EOFError, NotImplementedError):  # the manager is gone: shutting down
         return float("nan")
-
-
-def package_version() -> str:
-    try:
-        return metadata.version("vision-serve")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def exposition(live: LiveStateCollector | None) -> bytes:

@@ -5,6 +5,7 @@ Used by the demo, the end-to-end tests and the benchmarks, so they all drive the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,9 +18,13 @@ from pathlib import Path
 from typing import IO
 
 from service.client import VisionClient
+from service.settings import env_var
 
 logger = logging.getLogger(__name__)
 
+# How the server is started by default, and the variable that gives it its port.
+VISION_SERVE_COMMAND = (sys.executable, "-m", "service.cli")
+PORT_ENV = env_var("port")
 STARTUP_TIMEOUT_S = 300.0  # ResNet-152 load + warm-up on 2 CPU cores takes well under a minute
 STOP_TIMEOUT_S = 60.0
 
@@ -35,7 +40,12 @@ class ServerStartError(RuntimeError):
 
 
 class ServerProcess:
-    """``with ServerProcess(["--model", "efficientnet-lite0"], log_path=...) as server: server.url``"""
+    """``with ServerProcess(["--model", "efficientnet-lite0"], log_path=...) as server: server.url``
+
+    ``args`` follow ``command``: by default ``python -m service.cli``, or anything that ends in
+    vision-serve, such as the Docker image's entrypoint script. The port is told as
+    ``VISION_SERVE_PORT`` rather than ``--port``, so that the same works for such a command too.
+    """
 
     def __init__(
         self,
@@ -44,30 +54,36 @@ class ServerProcess:
         log_path: Path,
         port: int | None = None,
         env: Mapping[str, str] | None = None,
+        base_env: Mapping[str, str] | None = None,
+        command: Sequence[str] = VISION_SERVE_COMMAND,
     ) -> None:
-        """``env``: variables added to this process's environment for the server (VISION_SERVE_*)."""
+        """``env``: variables added for the server (VISION_SERVE_*) to ``base_env``, by default this
+        process's environment."""
         self.port = port or free_port()
-        self.env = dict(env or {})
+        self.env = {**(env or {}), PORT_ENV: str(self.port)}
+        self.base_env = base_env
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [*args, "--port", str(self.port)]
+        self.command = [*command, *args]
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S) -> ServerProcess:
+        """``launch``, then wait until the server is ready."""
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> ServerProcess:
+        """Start the process and return at once."""
         self._log = self.log_path.open("wb")
-        command = [sys.executable, "-m", "service.cli", *self.args]
-        logger.info("Starting: %s", " ".join(command))
+        logger.info("Starting: %s", " ".join(self.command))
+        environment = {**(os.environ if self.base_env is None else self.base_env), **self.env}
         # Its own process group: a Ctrl-C meant for us does not reach it directly, and tests can
         # signal the whole server group as a terminal would.
         self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **self.env},
+            self.command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=environment
         )
-        self.wait_ready(timeout)
         return self
 
     def wait_ready(self, timeout: float) -> None:
@@ -84,6 +100,15 @@ class ServerProcess:
         self.stop()
         raise ServerStartError(f"vision-serve was not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
+    def wait(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """The exit code, once the process exits by itself; after ``timeout``, its whole group is
+        killed and ``subprocess.TimeoutExpired`` raised."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            raise
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, wait; SIGKILL only if it does not exit in time. Returns the exit code."""
         if self.process is None:
@@ -96,15 +121,30 @@ class ServerProcess:
                 logger.error("vision-serve did not stop within %.0f s of SIGTERM; killing it.", timeout)
                 self.process.kill()
                 self.process.wait()
-        if self._log is not None:
-            self._log.close()
+        self._close_log()
         return self.process.returncode
 
-    def log_tail(self, lines: int = 40) -> str:
+    def kill_group(self) -> None:
+        """SIGKILL to every process of its group (workers included): for cleaning up after a failure."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._close_log()
+
+    def log_text(self) -> str:
         if self._log is not None:
             self._log.flush()
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -20,6 +20,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from compile._defaults import LOG_LEVELS
+from compile.cli_flags import check_device_flag, flag
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service import _defaults
 from service.logs import LOG_FORMATS
@@ -91,8 +92,7 @@ class ServeSettings:
             raise ValueError(
                 f"--preprocess must be auto or one of {', '.join(PREPROCESS_BACKENDS)}, got {self.preprocess!r}."
             )
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        check_device_flag(self.device)
         for name in ("max_body_bytes", "max_image_pixels", "max_images_per_request", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
@@ -168,10 +168,6 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, object]
 CONFIG_ENV = _defaults.ENV_PREFIX + "CONFIG"
 FIELD_TYPES = {f.name: type(f.default) for f in fields(ServeSettings)}
 TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
-
-
-def flag(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, object]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from compile import features
 from compile.backends.base import (
     PRECISION_DTYPES,
     BackendUnavailable,
@@ -14,7 +13,7 @@ from compile.backends.base import (
 )
 from compile.backends.eager import EagerBackend
 from compile.backends.inductor import InductorBackend
-from compile.backends.tensorrt import TensorRTBackend
+from compile.backends.tensorrt import TensorRTBackend, torch_tensorrt_status
 
 BACKENDS: dict[str, type[CompileBackend]] = {
     "tensorrt": TensorRTBackend,
@@ -30,17 +29,17 @@ __all__ = [
     "EngineCallable",
     "PrecisionCast",
     "get_backend",
-    "resolve_backend",
+    "resolve_compile_backend",
 ]
 
 
-def resolve_backend(name: str, device: torch.device) -> tuple[str, str]:
-    """``(backend, reason)`` for ``--backend`` (``auto`` or a name) on ``device``."""
+def resolve_compile_backend(name: str, device: torch.device) -> tuple[str, str]:
+    """``(compile backend, reason)`` for compile-trt's ``--backend`` (``auto`` or a name) on ``device``."""
     if name != "auto":
         return name, "chosen explicitly"  # get_backend() rejects an unknown name
     if device.type != "cuda":
         return "inductor", f"auto on {device.type}: TensorRT needs a GPU"
-    if features.torch_tensorrt_status()[0]:
+    if torch_tensorrt_status()[0]:
         return "tensorrt", "auto: torch_tensorrt imports and a GPU is present"
     return "inductor", "auto: torch_tensorrt is not installed here"
 

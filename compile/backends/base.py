@@ -45,7 +45,9 @@ def use_exact_fp32(precision: str, device: torch.device) -> None:
 
     cuDNN allows TF32 by default, which moves logits by ~1e-3 relative on Ampere and later: enough
     to fail the fp32 accuracy gate, and not what a user asking for fp32 expects. fp16/bf16 engines
-    are unaffected.
+    are unaffected. The one place TF32 is switched off (fp32 engines as they compile and load, the
+    gate's eager reference), and for the whole process: cuDNN reads the flag when a convolution
+    runs, long after the engine was loaded.
     """
     if precision == "fp32" and device.type == "cuda":
         torch.backends.cudnn.allow_tf32 = False

@@ -11,6 +11,7 @@ Precision is carried by the graph (PrecisionCast casts to fp16/bf16 inside it): 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from compile import features
 from compile.backends.base import (
     BackendUnavailable,
     CompileBackend,
@@ -29,9 +29,28 @@ from compile.backends.base import (
 )
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
+from compile.versions import major_minor, package_version
 
 INPUT_NAME = "images"
 MIN_TORCH_TENSORRT = (2, 11)  # first release whose save() takes dynamic_shapes
+
+# The only place that says where TensorRT exists: our machines' package registry has no TensorRT
+# libraries, the NGC PyTorch image does.
+TENSORRT_HOME = (
+    "torch_tensorrt is not installed here. It ships in the NGC PyTorch image: build the GPU image with "
+    "`docker build -f Dockerfile.gpu -t vision-serve-gpu .` and run compile-trt inside it, "
+    "or use --backend inductor (works everywhere)."
+)
+
+
+@functools.cache
+def torch_tensorrt_status() -> tuple[bool, str]:
+    """(importable, why not) for torch_tensorrt. Importing it also registers its ops for loading."""
+    try:
+        importlib.import_module("torch_tensorrt")
+    except Exception as exc:  # ImportError, or a broken CUDA/TensorRT install raising anything
+        return False, f"{TENSORRT_HOME} (import failed: {type(exc).__name__}: {exc})"
+    return True, "torch_tensorrt imports"
 
 
 def tensorrt_input_spec(batch: tuple[int, int, int], crop_size: int) -> dict[str, Any]:
@@ -84,11 +103,6 @@ def tensorrt_save_kwargs(batch: tuple[int, int, int], example: torch.Tensor) -> 
     return kwargs
 
 
-def parse_version(text: str) -> tuple[int, int]:
-    major, minor = [*text.split("+")[0].split("."), "0"][:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
 class TensorRTBackend(CompileBackend):
     name = "tensorrt"
     engine_file = "model.ep"
@@ -96,13 +110,13 @@ class TensorRTBackend(CompileBackend):
     exact_version_libraries = ("tensorrt",)  # we build with version_compatible=False
 
     def check_available(self, device: torch.device) -> None:
-        importable, reason = features.torch_tensorrt_status()
+        importable, reason = torch_tensorrt_status()
         if not importable:
             raise BackendUnavailable(reason)
         if device.type != "cuda":
             raise BackendUnavailable(f"TensorRT compiles for a CUDA device, not {device}. Use --backend inductor.")
-        version = features.package_version("torch_tensorrt") or "0.0"
-        if parse_version(version) < MIN_TORCH_TENSORRT:
+        version = package_version("torch_tensorrt") or "0.0"
+        if major_minor(version) < MIN_TORCH_TENSORRT:
             raise BackendUnavailable(
                 f"torch_tensorrt {version} is older than {'.'.join(map(str, MIN_TORCH_TENSORRT))}, the first "
                 "release whose save() keeps a dynamic batch. Use the image from Dockerfile.gpu."

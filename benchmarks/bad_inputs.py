@@ -2,7 +2,7 @@
 
 Every item is built in memory (Pillow, numpy, zlib, struct), deterministically, so a failure names
 bytes anyone can rebuild. ``statuses`` were measured against ``probe_image`` and the ``pil`` and
-``dali`` (CPU) backends, not guessed; ``tests/test_bad_inputs_decode.py`` keeps them honest. No
+``dali`` (CPU) backends, not guessed; ``tests/unit/test_bad_inputs_decode.py`` keeps them honest. No
 pytest here: ``benchmarks/`` imports this module to throw the same bodies at a running server.
 
 ``content_type`` is what a careless or hostile client would plausibly send with the body. The
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
+from compile.sample_photos import sample_photo_file
 
 # Larger than the servers' 100 MP limit (preprocessing._defaults.MAX_IMAGE_PIXELS) yet a valid file.
 BIG_VALID_JPEG_SIDE = 12_000
@@ -43,16 +45,8 @@ def _encode(img: Image.Image, fmt: str, **save_kwargs: object) -> bytes:
     return buf.getvalue()
 
 
-@functools.cache
-def photo_jpeg() -> bytes:
-    """A real photo (scikit-image's chelsea, 451x300), encoded like ``tests/conftest.py``'s fixture."""
-    from skimage import data  # the demo extra; imported late so merely importing this module stays cheap
-
-    return _encode(Image.fromarray(data.chelsea()).convert("RGB"), "JPEG", quality=92)
-
-
 def _small_photo() -> Image.Image:
-    return Image.open(io.BytesIO(photo_jpeg())).convert("RGB").resize((64, 48))
+    return Image.open(io.BytesIO(sample_photo_file("chelsea"))).convert("RGB").resize((64, 48))
 
 
 def _random_bytes(n: int) -> bytes:
@@ -129,7 +123,7 @@ def big_valid_jpeg() -> bytes:
 @functools.cache
 def bad_inputs() -> list[BadInput]:
     """The corpus, built once per process. Treat the list as read-only: it is shared."""
-    photo = photo_jpeg()
+    photo = sample_photo_file("chelsea")  # a real photo, 451x300
     small = _small_photo()
     png = _encode(small, "PNG")
     webp = _encode(small, "WEBP", quality=80)

@@ -1,51 +1,12 @@
-"""Feature detection in one place: which optional libraries import, their versions, what a device is."""
+"""What a device is: the ``--device`` flag, the CPU or GPU an engine is built for, and where its code runs."""
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.metadata
 import platform
 from pathlib import Path
 
 import torch
-
-# The only place that says where TensorRT exists: our machines' package registry has no TensorRT
-# libraries, the NGC PyTorch image does.
-TENSORRT_HOME = (
-    "torch_tensorrt is not installed here. It ships in the NGC PyTorch image: build the GPU image with "
-    "`docker build -f Dockerfile.gpu -t vision-serve-gpu .` and run compile-trt inside it, "
-    "or use --backend inductor (works everywhere)."
-)
-
-
-@functools.cache
-def torch_tensorrt_status() -> tuple[bool, str]:
-    """(importable, why not) for torch_tensorrt. Importing it also registers its ops for loading."""
-    try:
-        importlib.import_module("torch_tensorrt")
-    except Exception as exc:  # ImportError, or a broken CUDA/TensorRT install raising anything
-        return False, f"{TENSORRT_HOME} (import failed: {type(exc).__name__}: {exc})"
-    return True, "torch_tensorrt imports"
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
-    """Versions of the libraries an artifact depends on (those installed among ``extra`` too)."""
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("torchvision", *extra):
-        version = package_version(name)
-        if version is not None:
-            versions[name] = version
-    if torch.version.cuda:
-        versions["cuda"] = torch.version.cuda
-    return versions
 
 
 def cpu_name() -> str:

@@ -1,0 +1,64 @@
+"""Command-line flags made from a settings dataclass, one way for both commands (compile-trt, vision-serve).
+
+Every field of the dataclass is one flag, ``--field-name``. A flag that is not given parses to None,
+so that what lies under it decides: vision-serve's env vars and config file, the dataclass defaults.
+Imports no torch, so that ``--help`` and usage errors stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import Field, fields
+from typing import Any, TypeVar
+
+Settings = TypeVar("Settings")
+
+# The help of the flags both commands have, worded once.
+SHARED_HELP = {
+    "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
+    "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
+    "log_level": "logging level",
+}
+# What --device takes besides cuda:N.
+NAMED_DEVICES = ("auto", "cpu", "cuda")
+
+
+def flag(field_name: str) -> str:
+    """``max_batch_size`` -> ``--max-batch-size``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def check_device_flag(device: str) -> None:
+    """Raise ``ValueError`` unless ``device`` is a form ``--device`` takes. Whether that GPU exists is
+    asked where torch is loaded (``compile.devices.parse_device``)."""
+    if not (device in NAMED_DEVICES or device.startswith("cuda:")):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}.")
+
+
+def add_settings_flags(
+    parser: argparse.ArgumentParser,
+    settings_type: type,
+    help_of: Callable[[Field], str],
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """One flag per field of ``settings_type``, helped by ``help_of(field)``. A field's ``options``
+    (argparse keywords) replace the default ones: typed as the field's default, named by its name."""
+    options = options or {}
+    for f in fields(settings_type):
+        kwargs = options.get(f.name, {"type": type(f.default), "metavar": f.name.upper()})
+        parser.add_argument(flag(f.name), help=help_of(f), **{"default": None, **kwargs})
+
+
+def parse_settings(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    settings_from: Callable[[argparse.Namespace], Settings],
+) -> tuple[argparse.Namespace, Settings]:
+    """The parsed ``argv`` and the settings made from it; a value the settings refuse exits as a
+    usage error (code 2) with their message."""
+    args = parser.parse_args(argv)
+    try:
+        return args, settings_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
