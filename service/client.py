@@ -115,8 +115,10 @@ def _parse_many(response: httpx.Response, count: int) -> list[Classification | C
         status = item.get("status_code") if isinstance(item, dict) else None
         if status == 200:
             outcomes.append(_classification(item, response, None))
+        elif isinstance(status, int):
+            outcomes.append(ClassifyError(status, str(item.get("detail", ""))))
         else:
-            outcomes.append(ClassifyError(int(status or 0), str(item.get("detail", "")) if status else repr(item)))
+            outcomes.append(ClassifyError(200, f"Not a vision-serve result: {item!r:.200}"))
     return outcomes
 
 

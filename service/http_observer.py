@@ -46,10 +46,14 @@ NO_ANSWER = "499"
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
     for name, value in headers:
         if name == b"x-request-id":
-            candidate = value.decode("latin-1")
-            if _CLIENT_REQUEST_ID.fullmatch(candidate):
-                return candidate
-            break
+            return client_request_id(value.decode("latin-1"))
+    return client_request_id(None)
+
+
+def client_request_id(candidate: str | None) -> str:
+    """The client's id if it is a sane token (it goes into logs and headers as is), else a new one."""
+    if candidate and _CLIENT_REQUEST_ID.fullmatch(candidate):
+        return candidate
     return os.urandom(16).hex()  # a random 128-bit id, as uuid4().hex but without the UUID object
 
 

@@ -138,8 +138,14 @@ def parse_top_k(value: object) -> int:
 
 
 def parse_output(name: object, binary: object, classification: object) -> RequestedOutput:
-    if name not in OUTPUT_DATATYPES:
+    if not isinstance(name, str) or name not in OUTPUT_DATATYPES:
         raise OipError(400, f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
+    if not isinstance(binary, bool):
+        raise OipError(400, f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
+    if classification is not None and name == LABELS:
+        raise OipError(
+            400, "Parameter 'classification' applies to a numeric output (PROBABILITIES or CLASS_INDICES), not LABELS."
+        )
     if classification is not None and (
         isinstance(classification, bool)
         or not isinstance(classification, int)
@@ -150,7 +156,7 @@ def parse_output(name: object, binary: object, classification: object) -> Reques
             f"Output '{name}': parameter 'classification' must be an integer from 1 to {_defaults.MAX_TOP_K}, "
             f"got {classification!r}.",
         )
-    return RequestedOutput(str(name), bool(binary), classification)
+    return RequestedOutput(name, binary, classification)
 
 
 def all_outputs(binary: bool) -> list[RequestedOutput]:
@@ -162,7 +168,9 @@ def check_input(name: object, datatype: object, shape: object) -> tuple[str, lis
     """The input's datatype and shape, checked: one input named IMAGE, BYTES or UINT8."""
     if name != INPUT_NAME:
         raise OipError(400, f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
-    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list | tuple) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise OipError(400, f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
     shape = list(shape)
     if datatype == "BYTES":
@@ -180,11 +188,21 @@ def check_input(name: object, datatype: object, shape: object) -> tuple[str, lis
     return str(datatype), shape
 
 
-def images_from_elements(datatype: str, shape: list[int], elements: Sequence[bytes] | bytes) -> list[bytes]:
-    """The image files of a checked input, given its BYTES elements or its UINT8 buffer."""
+def images_from_elements(
+    datatype: str, shape: list[int], elements: Sequence[bytes] | bytes, max_images: int
+) -> list[bytes]:
+    """The image files of a checked input, given its BYTES elements or its UINT8 buffer.
+
+    The count is checked against ``max_images`` from the shape first: a shape of a billion empty
+    rows must cost nothing.
+    """
+    rows = 1 if datatype == "UINT8" and len(shape) == 1 else shape[0]
+    check_count(rows, max_images)
     if datatype == "UINT8":
         buffer = bytes(elements)
-        rows, width = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+        width = shape[-1]
+        if width == 0:
+            raise OipError(400, f"Input '{INPUT_NAME}': UINT8 rows of length 0 hold no file.")
         if len(buffer) != rows * width:
             raise OipError(400, f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}.")
         # Padding after a file's end is harmless: decoders stop at the end of the image.
@@ -229,13 +247,13 @@ def _flatten(data: object) -> Iterable[object]:
             yield item
 
 
-def check_count(images: Sequence[bytes], limit: int) -> None:
-    if not images:
+def check_count(count: int, limit: int) -> None:
+    if count == 0:
         raise OipError(400, f"Input '{INPUT_NAME}' holds no image.")
-    if len(images) > limit:
+    if count > limit:
         raise OipError(
             413,
-            f"The request has {len(images)} images; the limit is {limit} per request (server flag "
+            f"The request has {count} images; the limit is {limit} per request (server flag "
             "--max-images-per-request). Split them over several requests.",
         )
 

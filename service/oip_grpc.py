@@ -11,27 +11,29 @@ shedding, deadline and API key (metadata ``x-api-key`` or ``authorization: Beare
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-import os
 import time
 from collections.abc import Callable
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from service.http_observer import NO_ANSWER, client_request_id
 from service.image_dispatch import ImageDispatcher
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.oip import (
+    CLASSIFICATION_PARAMETER,
     EXTENSIONS,
     INPUT_NAME,
     MODEL_VERSION,
+    TOP_K_PARAMETER,
     InferCall,
     OipError,
     all_outputs,
     build_outputs,
-    check_count,
     check_input,
     check_model,
     deserialize_bytes,
@@ -51,9 +53,10 @@ GRPC_STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # what gRPC itself answers for a message over its limit
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
+    500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
@@ -82,15 +85,14 @@ def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) 
             elements = bytes(tensor.contents.uint_contents)
         except ValueError:
             raise OipError(400, f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
-    images = images_from_elements(datatype, shape, elements)
-    check_count(images, max_images)
+    images = images_from_elements(datatype, shape, elements, max_images)
     outputs = []
     for output in request.outputs:
-        classification = output.parameters.get("classification")
+        classification = output.parameters.get(CLASSIFICATION_PARAMETER)
         outputs.append(
             parse_output(output.name, True, None if classification is None else parameter_value(classification))
         )
-    top_k = request.parameters.get("top_k")
+    top_k = request.parameters.get(TOP_K_PARAMETER)
     return InferCall(
         images,
         parse_top_k(None if top_k is None else parameter_value(top_k)),
@@ -152,7 +154,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelInfer(self, request, context) -> service_pb2.ModelInferResponse:
-        REQUEST_ID.set(request.id or os.urandom(16).hex())
+        REQUEST_ID.set(client_request_id(request.id))  # the HTTP rules: a sane token, else a new id
         started = time.perf_counter()
         status = 200
         try:
@@ -164,8 +166,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except OipError as exc:
             status = exc.status_code
             await context.abort(GRPC_STATUS.get(exc.status_code, grpc.StatusCode.UNKNOWN), exc.message)
+        except asyncio.CancelledError:
+            status = int(NO_ANSWER)  # the client cancelled or left, as HTTP counts it
+            raise
         except Exception:
-            status = 500  # gRPC answers INTERNAL; the traceback is logged by grpc
+            status = 500  # gRPC answers UNKNOWN; the traceback is logged by grpc
             raise
         finally:
             # Counted with /predict's answers, by the HTTP status the same outcome would have had.
@@ -185,12 +190,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _check_key(self, context: grpc.aio.ServicerContext) -> None:
         if not self._key:
             return
-        supplied = None
-        for key, value in context.invocation_metadata() or ():
-            if key == "x-api-key":
-                supplied = value
-            elif key == "authorization" and value.lower().startswith("bearer "):
-                supplied = value[7:].strip()
+        metadata = dict(context.invocation_metadata() or ())
+        supplied = metadata.get("x-api-key")  # first, as on HTTP (service/auth.py)
+        bearer = metadata.get("authorization", "")
+        if supplied is None and bearer.lower().startswith("bearer "):
+            supplied = bearer[7:].strip()
         if supplied is None or not hmac.compare_digest(supplied.encode(), self._key):
             raise OipError(401, "Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
 

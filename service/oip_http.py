@@ -11,6 +11,7 @@ Errors answer ``{"error": "..."}``. The limits, shedding (503), deadline (504) a
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -18,14 +19,15 @@ from fastapi.responses import JSONResponse
 
 from service.image_dispatch import ImageDispatcher
 from service.oip import (
+    CLASSIFICATION_PARAMETER,
     EXTENSIONS,
     MODEL_VERSION,
+    TOP_K_PARAMETER,
     InferCall,
     OipError,
     OutputTensor,
     all_outputs,
     build_outputs,
-    check_count,
     check_input,
     check_model,
     deserialize_bytes,
@@ -52,7 +54,10 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
     if header_length is None:
         header, binary = body, b""
     else:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        # isascii and the length first: int() of "²" or of 5,000 digits raises.
+        if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= 12) or int(
+            header_length
+        ) > len(body):
             raise OipError(
                 400,
                 f"Inference-Header-Content-Length {header_length!r} must be the JSON header's length in bytes, at "
@@ -86,11 +91,12 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
         elements = json_elements(datatype, tensor["data"])
     else:
         raise OipError(400, 'Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
-    images = images_from_elements(datatype, shape, elements)
-    check_count(images, max_images)
-    binary_default = parameters.get("binary_data_output", False) is True
+    images = images_from_elements(datatype, shape, elements, max_images)
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise OipError(400, f"Parameter 'binary_data_output' must be true or false, got {binary_default!r}.")
     outputs = request.get("outputs")
-    if outputs is None:
+    if not outputs:  # none named: all of them, as Triton answers
         requested = all_outputs(binary_default)
     elif not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise OipError(400, '"outputs" must be a list of objects with a "name".')
@@ -102,13 +108,30 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
                 parse_output(
                     output.get("name"),
                     output_parameters.get("binary_data", binary_default),
-                    output_parameters.get("classification"),
+                    output_parameters.get(CLASSIFICATION_PARAMETER),
                 )
             )
     request_id = request.get("id")
-    return InferCall(
-        images, parse_top_k(parameters.get("top_k")), requested, request_id if isinstance(request_id, str) else None
-    )
+    top_k = parse_top_k(parameters.get(TOP_K_PARAMETER))
+    return InferCall(images, top_k, requested, request_id if isinstance(request_id, str) else None)
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as sent with tritonclient's ``request_compression_algorithm`` (gzip or deflate),
+    inflated to at most ``limit`` bytes: a small compressed body must not become gigabytes here."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise OipError(415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none.")
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        inflated = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise OipError(400, f"The body is not valid {encoding} data: {exc}.") from None
+    if len(inflated) > limit:
+        raise OipError(413, f"The request body inflates to more than {limit:,} bytes (server flag --max-body-bytes).")
+    return inflated
 
 
 def _object(value: object, what: str) -> dict:
@@ -176,7 +199,11 @@ class OipInferEndpoint:
     async def handle(self, request: Request, name: str, version: str | None) -> Response:
         model = self.model()
         check_model(name, version, model)
-        body = await read_body(request, self.limits.max_body_bytes)
+        body = decompress(
+            await read_body(request, self.limits.max_body_bytes),
+            request.headers.get("content-encoding", ""),
+            self.limits.max_body_bytes,
+        )
         call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
         answers, total_ms = await run_infer(self.dispatcher, call, self.limits.max_image_pixels)
         content, header_length = encode_infer_response(model, call, build_outputs(call, answers))
@@ -262,5 +289,5 @@ def add_oip_routes(
 
         @app.post(prefix + "/infer", tags=["Open Inference Protocol"])
         async def infer(request: Request, name: str, version: str | None = None) -> Response:
-            """Classify a batch of image files (input IMAGE); see the README for the tensors."""
+            """Classify a batch of image files (input IMAGE); see docs/open-inference-protocol.md for the tensors."""
             return await endpoint.answer(request, name, version)

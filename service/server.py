@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -26,9 +27,10 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from compile.catalog import get_model_entry
-from compile.features import ALL_GPUS, describe_device, parse_device
+from compile.devices import ALL_GPUS, describe_device, parse_device
 from compile.manifest import Manifest
-from preprocessing import resolve_backend
+from compile.versions import PROJECT_DISTRIBUTION, package_version
+from preprocessing import resolve_preprocess_backend
 from service import _defaults
 from service.admission import AdmissionGate
 from service.api import ClassifierAPI
@@ -51,7 +53,6 @@ from service.metrics import (
     mark_process_dead,
     metrics,
     multiprocess_mode,
-    package_version,
 )
 from service.oip_http import OipInferEndpoint, add_oip_routes, infer_paths
 from service.predict_endpoint import OPENAPI_EXTRA, PredictEndpoint
@@ -64,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
 GRPC_STOP_GRACE_S = 5.0
+# What the server reports as its version (OIP server metadata, build_info): "unknown" when it runs
+# from a checkout that pip has not installed.
+SERVER_VERSION = package_version(PROJECT_DISTRIBUTION) or "unknown"
 
 
 def resolve_device(
@@ -222,13 +226,13 @@ class VisionLitServer(LitServerBridge):
         add_oip_routes(
             app,
             oip_endpoint,
-            server_version=package_version(),
+            server_version=SERVER_VERSION,
             engine=lambda: str((self.model_metadata or {}).get("engine", "")),
             ready=lambda: self.worker_watch is not None and self.worker_watch.ready,
         )
 
     def queue_depth(self) -> int:
-        """Requests admitted and not yet in a running batch, across the server."""
+        """Images admitted and not yet in a running batch, across the server."""
         return max(0, self.admission.admitted - sum(self.running))
 
     @functools.cached_property
@@ -242,7 +246,7 @@ class VisionLitServer(LitServerBridge):
                 in_flight_limit=self.settings.max_queue,
                 worker_states=lambda: self.worker_watch.named_states() if self.worker_watch is not None else {},
                 build_info={
-                    "version": package_version(),
+                    "version": SERVER_VERSION,
                     "model": str(metadata.get("model", "")),
                     "engine": str(metadata.get("engine", "")),
                     "preprocess": str(metadata.get("preprocess", "")),
@@ -285,7 +289,7 @@ class VisionLitServer(LitServerBridge):
             model=settings.model,
             engine=lambda: str((self.model_metadata or {}).get("engine", "")),
             ready=lambda: self.worker_watch is not None and self.worker_watch.ready,
-            server_version=package_version(),
+            server_version=SERVER_VERSION,
             api_key=settings.api_key,
         )
         return await start_grpc_server(servicer, settings.host, settings.grpc_port, settings.max_body_bytes)
@@ -392,7 +396,7 @@ def build_server(settings: ServeSettings, lit_api: ls.LitAPI | None = None) -> V
     )
     os.environ.update(worker_env)  # spawned workers inherit it
     worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
-    preprocess, reason = resolve_backend(settings.preprocess, worker_device)
+    preprocess, reason = resolve_preprocess_backend(settings.preprocess, worker_device)
     logger.info("Preprocessing: %s (%s)", preprocess, reason)
     if manifest is not None:
         spec, labels_source = manifest.preprocess, manifest.labels_source
@@ -450,8 +454,30 @@ def reap_children(timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
         stop_tracker()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """``OSError`` if something listens on ``host:port``.
+
+    The gRPC servers of the HTTP processes share their port (SO_REUSEPORT), so they would also share
+    it, silently, with a stale server still bound there; a plain bind first makes that an error.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections in TIME_WAIT are no owner
+        probe.bind((host, port))
+
+
 def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code."""
+    if settings.grpc_port:
+        try:
+            check_port_free(settings.host, settings.grpc_port)
+        except OSError as exc:
+            logger.error(
+                "--grpc-port %d cannot be used (%s): another process listens there. Stop it, or choose another port.",
+                settings.grpc_port,
+                exc.strerror or exc,
+            )
+            return 1
     server = server or build_server(settings)
 
     main_pid = os.getpid()

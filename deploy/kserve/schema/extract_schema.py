@@ -1,4 +1,4 @@
-"""Turn KServe's InferenceService CRD into the JSON schema tests/test_kserve_manifest.py validates against.
+"""Turn KServe's InferenceService CRD into the JSON schema tests/unit/test_kserve_manifest.py validates against.
 
     tag=v0.20.0
     git -C kserve show "$tag:config/crd/full/serving.kserve.io_inferenceservices.yaml" \\
