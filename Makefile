@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-fast lint clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(PY) -m pytest
+
+# The unit tier (tests/unit): no server, no model run; under 2 minutes on 2 cores.
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest tests/unit -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,8 +1,12 @@
-"""Shared fixtures: real sample images (scikit-image, public domain / CC0) and the gpu marker."""
+"""Shared fixtures: real sample images (scikit-image, public domain / CC0); the tier and gpu markers.
+
+Tiers, by folder: ``tests/unit`` (no server, no model run beyond a few milliseconds: ``make test-fast``),
+``tests/integration`` (a real worker or compiler in process), ``tests/e2e`` (real servers as
+subprocesses on loopback).
+"""
 
 from __future__ import annotations
 
-import functools
 import io
 
 import numpy as np
@@ -11,23 +15,28 @@ import pytest
 import torch
 from PIL import Image
 
-CAT_LABELS = {"tabby", "tiger cat", "Egyptian cat"}
+from compile.sample_photos import CAT_LABELS, sample_photo, sample_photo_file
+
+__all__ = ["CAT_LABELS"]  # the tests import it from here
+
+
+TIERS = ("unit", "integration", "e2e")  # the folders under tests/: where a test lives says what it needs
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; torch sees none")
+    """Mark each test with its tier (``-m unit``, ``-m "not e2e"``), and skip GPU tests without a GPU."""
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU; torch sees none")
     for item in items:
-        if "gpu" in item.keywords:
+        tier = next((part for part in item.path.parts[-3:-1] if part in TIERS), None)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit, tests/integration or tests/e2e.")
+        item.add_marker(tier)
+        if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
 
 
-@functools.cache
 def sample_array(name: str) -> np.ndarray:
-    from skimage import data
-
-    return np.asarray(Image.fromarray(getattr(data, name)()).convert("RGB"))
+    return sample_photo(name)
 
 
 def encode(img: Image.Image | np.ndarray, fmt: str = "JPEG", **save_kwargs: object) -> bytes:
@@ -40,12 +49,12 @@ def encode(img: Image.Image | np.ndarray, fmt: str = "JPEG", **save_kwargs: obje
 
 @pytest.fixture(scope="session")
 def chelsea_jpeg() -> bytes:
-    return encode(sample_array("chelsea"), quality=92)
+    return sample_photo_file("chelsea")
 
 
 @pytest.fixture(scope="session")
 def coffee_jpeg() -> bytes:
-    return encode(sample_array("coffee"), quality=92)
+    return sample_photo_file("coffee")
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,6 @@ from service.client import ClassifyError, VisionClient
 from service.process import ServerProcess, free_port
 from tests.conftest import CAT_LABELS, encode, sample_array
 
-pytestmark = pytest.mark.slow
-
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "8"]
 
 

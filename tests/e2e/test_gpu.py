@@ -16,7 +16,7 @@ from preprocessing.pil_backend import PilPreprocessor
 from service.client import VisionClient
 from service.process import ServerProcess
 from tests.conftest import CAT_LABELS
-from tests.test_preprocess_serving import check_batch_of_8_with_2_corrupt
+from tests.e2e.test_preprocess_serving import check_batch_of_8_with_2_corrupt
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,6 @@ def test_pil_batch_is_normalized_on_the_gpu_like_on_the_cpu(chelsea_jpeg: bytes,
     assert torch.allclose(on_gpu.images.cpu(), on_cpu.images, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) -> None:
     args = ["--model", "efficientnet-lite0", "--device", "cuda:0"]
     with ServerProcess(args, log_path=tmp_path / "server.log") as server, VisionClient(server.url) as client:
@@ -47,7 +46,6 @@ def test_served_on_one_gpu(tmp_path, chelsea_jpeg: bytes, coffee_jpeg: bytes) ->
     assert used.labels == {"device": "cuda:0"} and 0 < used.value < total.value  # the model is on it
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("depth", ["1", "2"], ids=["one-batch-at-a-time", "pipelined"])
 def test_pipelined_worker_answers_like_the_sequential_one(tmp_path, depth: str) -> None:
     # Depth 2 prepares the next batch on a CUDA stream of its own while the engine runs this one:
@@ -82,12 +80,10 @@ def lite0_inductor_fp16(tmp_path_factory) -> Path:
     return compile_lite0(tmp_path_factory.mktemp("artifacts") / "lite0-inductor-fp16", "inductor", "fp16")
 
 
-@pytest.mark.slow
 def test_inductor_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, lite0_inductor_fp16, chelsea_jpeg) -> None:
     serve_and_classify(lite0_inductor_fp16, tmp_path / "server.log", chelsea_jpeg, "inductor-fp16")
 
 
-@pytest.mark.slow
 def test_inductor_fp16_artifact_with_nvjpeg_decoding_isolates_bad_images_in_a_batch(tmp_path, lite0_inductor_fp16):
     """The GPU path end to end: batched nvJPEG decode (``--preprocess torch``) feeding the fp16 engine,
     one batch of 8 with 2 corrupt images: the 6 good ones get correct top-5, the 2 bad ones a 400."""
@@ -99,9 +95,8 @@ def test_inductor_fp16_artifact_with_nvjpeg_decoding_isolates_bad_images_in_a_ba
     assert metadata["preprocess"] == "torch" and metadata["artifact"]["device"]["type"] == "cuda"
 
 
-@pytest.mark.slow
 def test_tensorrt_fp16_artifact_compiles_and_serves_on_the_gpu(tmp_path, chelsea_jpeg: bytes) -> None:
-    from compile.features import torch_tensorrt_status
+    from compile.backends.tensorrt import torch_tensorrt_status
 
     if not torch_tensorrt_status()[0]:
         pytest.skip("torch_tensorrt is not installed (it ships in the Dockerfile.gpu image)")

@@ -10,10 +10,9 @@ import pytest
 
 from compile.catalog import get_model_entry
 from service.process import ServerProcess
-from tests.conftest import CAT_LABELS, encode, sample_array
-from tests.test_preprocessing_backends import corrupt_huffman_table
-
-pytestmark = pytest.mark.slow
+from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
+from tests.unit.test_preprocessing_backends import corrupt_huffman_table
+from tests.worker_hold import in_flight, wait_until, worker_held
 
 SERVED = [
     *(pytest.param((name, "cpu"), id=f"{name}-cpu") for name in ("pil", "dali", "torch")),
@@ -25,14 +24,18 @@ SERVED = [
 def served(request, tmp_path_factory):
     name, device = request.param
     args = ["--model", "efficientnet-lite0", "--device", device, "--preprocess", name,
-            "--max-batch-size", "8", "--batch-timeout-ms", "2000"]  # fmt: skip
+            "--max-batch-size", "8", "--batch-timeout-ms", "1000"]  # fmt: skip
     with ServerProcess(args, log_path=tmp_path_factory.mktemp("server") / "server.log") as server:
         yield name, server
 
 
-def post_concurrently(url: str, images: list[bytes]) -> list[httpx.Response]:
-    with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(len(images)) as pool:
-        return list(pool.map(lambda data: client.post("/predict", content=data), images))
+def post_concurrently(server: ServerProcess, images: list[bytes]) -> list[httpx.Response]:
+    """The images as concurrent requests, queued while the worker is held: they form one batch."""
+    with httpx.Client(base_url=server.url, timeout=120) as client, ThreadPoolExecutor(len(images)) as pool:
+        with worker_held(inference_workers(server)[0].pid):
+            futures = [pool.submit(client.post, "/predict", content=data) for data in images]
+            wait_until(lambda: in_flight(server.url) == len(images), f"{len(images)} requests are queued")
+        return [future.result() for future in futures]
 
 
 def check_batch_of_8_with_2_corrupt(server: ServerProcess, name: str) -> None:
@@ -44,7 +47,7 @@ def check_batch_of_8_with_2_corrupt(server: ServerProcess, name: str) -> None:
     }
     good = [chelsea, coffee, chelsea, coffee, chelsea, coffee]
     images = [corrupt[i] if i in corrupt else good.pop() for i in range(8)]
-    responses = post_concurrently(server.url, images)
+    responses = post_concurrently(server, images)
 
     codes = [r.status_code for r in responses]
     assert codes == [200, 400, 200, 200, 200, 200, 400, 200], f"{name}: {server.log_tail()}"

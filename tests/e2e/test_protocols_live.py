@@ -24,8 +24,6 @@ from service.classify_cli import main as classify_main
 from service.process import ServerProcess, free_port
 from tests.conftest import CAT_LABELS
 
-pytestmark = pytest.mark.slow
-
 MODEL = "efficientnet-lite0"
 KEY = "test-key-1"
 MAX_BATCH = 8

@@ -12,8 +12,6 @@ from service.process import ServerProcess
 from tests.conftest import CAT_LABELS
 from tests.tools import require_tool
 
-pytestmark = pytest.mark.slow
-
 API_KEY = "page-test-key"
 # No GPU, no sandbox (CI runs as root), and none of the background connections that a closed
 # network refuses.

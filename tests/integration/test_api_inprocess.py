@@ -16,16 +16,16 @@ import pytest
 from asgi_lifespan import LifespanManager
 from litserve.utils import wrap_litserve_start
 
+from benchmarks.bad_inputs import bad_inputs
 from service.api import ClassifierAPI
 from service.litserve_bridge import started_in_process
 from service.server import build_server
 from service.settings import ServeSettings
-from tests.bad_inputs import bad_inputs
 from tests.conftest import CAT_LABELS
+from tests.worker_hold import HOLD_TIMEOUT_S, worker_held
 
-pytestmark = pytest.mark.slow
-
-# A long batch window so that concurrent test requests deterministically share one batch.
+# The worker is held while a test's requests queue (tests/worker_hold.py); the window only has to
+# cover the hand-over of the messages already sent when it resumes.
 BATCH_WINDOW_S = 1.0
 
 
@@ -48,14 +48,24 @@ async def wait_ready(client: httpx.AsyncClient, timeout: float = 120.0) -> None:
 
 
 def call(server, requests: list[dict]) -> list[httpx.Response]:
-    """Send the requests concurrently (each a dict of httpx.post kwargs) and return the responses."""
+    """Send the requests concurrently (each a dict of httpx.post kwargs) and return the responses.
+
+    The worker is held until every request is admitted (or already answered, if rejected before
+    the queue): they then reach it together, as requests that queue while it is busy do.
+    """
 
     async def go() -> list[httpx.Response]:
         async with LifespanManager(server.app) as manager:
             transport = httpx.ASGITransport(app=manager.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
                 await wait_ready(client)
-                return await asyncio.gather(*(client.post("/predict", **kw) for kw in requests))
+                with worker_held(server.worker_processes[0].pid):
+                    tasks = [asyncio.create_task(client.post("/predict", **kw)) for kw in requests]
+                    deadline = time.monotonic() + HOLD_TIMEOUT_S
+                    while server.admission.admitted + sum(t.done() for t in tasks) < len(tasks):
+                        assert time.monotonic() < deadline, "requests were not admitted"
+                        await asyncio.sleep(0.01)
+                return await asyncio.gather(*tasks)
 
     return asyncio.run(go())
 
@@ -136,7 +146,8 @@ def test_batching_off_uses_the_single_request_path(chelsea_jpeg, truncated_jpeg)
 
 
 def test_dynamic_batches_form_under_load_with_the_default_greedy_batching(chelsea_jpeg) -> None:
-    """With no window (the default), requests that queue while the model is busy still share a batch."""
+    """With no window (the default), requests that queue while the worker is busy (here: held) still
+    share a batch."""
     settings = ServeSettings(model="efficientnet-lite0", max_batch_size=8)
     with start(settings) as server:
         responses = call(server, [raw(chelsea_jpeg)] * 16)

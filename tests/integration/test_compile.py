@@ -1,6 +1,6 @@
 """compile-trt end to end on CPU: AOTInductor artifacts of a small pretrained model, the gate, the cache,
 serving an artifact over HTTP, and the errors users meet. TensorRT is not installable here: its seams
-are tested in tests/test_compile_units.py without it."""
+are tested in tests/unit/test_compile_units.py without it."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from compile import _defaults
+from compile.backends.tensorrt import torch_tensorrt_status
 from compile.build import compile_artifact
 from compile.cli import EXIT_GATE_FAILED, EXIT_UNAVAILABLE
 from compile.cli import main as compile_main
-from compile.features import torch_tensorrt_status
 from compile.manifest import Manifest, read_manifest, sha256_file
 from compile.settings import CompileSettings
 from preprocessing.pil_backend import PilPreprocessor
@@ -26,8 +26,6 @@ from service.client import VisionClient
 from service.engine import load_artifact
 from service.process import ServerProcess
 from tests.conftest import CAT_LABELS
-
-pytestmark = pytest.mark.slow
 
 LITE = ["--model", "efficientnet-lite0", "--device", "cpu"]
 

@@ -16,20 +16,20 @@ import pytest
 import torch
 
 from compile import _defaults
-from compile.backends import BackendUnavailable, PrecisionCast, resolve_backend
+from compile.backends import BackendUnavailable, PrecisionCast, resolve_compile_backend
 from compile.backends.base import export_example_size
 from compile.backends.tensorrt import (
-    parse_version,
     tensorrt_compile_kwargs,
     tensorrt_input_spec,
     tensorrt_save_kwargs,
 )
 from compile.compat import device_problems, version_problems
-from compile.features import cpu_capability_runs_here
+from compile.devices import cpu_capability_runs_here
 from compile.gate import compare_logits, gate_batch_sizes, threshold_failures
 from compile.manifest import ManifestError, cache_key, read_manifest
 from compile.progress import Progress
 from compile.settings import CompileSettings, parse_batch
+from compile.versions import major_minor
 
 CUDA0 = torch.device("cuda:0")
 
@@ -69,15 +69,16 @@ def test_tensorrt_save_kwargs_keep_the_batch_dynamic_without_tensorrt() -> None:
     assert "dynamic_shapes" not in tensorrt_save_kwargs((8, 8, 8), example)  # a static engine
 
 
-def test_parse_version_handles_local_and_dev_suffixes() -> None:
-    assert parse_version("2.14.0+cu130") == (2, 14)
-    assert parse_version("2.11.0.dev20250101") == (2, 11)
-    assert parse_version("10") == (10, 0)
+def test_major_minor_handles_local_and_dev_suffixes() -> None:
+    assert major_minor("2.14.0+cu130") == (2, 14)
+    assert major_minor("2.11.0.dev20250101") == (2, 11)
+    assert major_minor("2.12.0rc1") == (2, 12)
+    assert major_minor("10") == (10, 0)
 
 
 def test_auto_backend_is_inductor_on_cpu() -> None:
-    assert resolve_backend("auto", torch.device("cpu"))[0] == "inductor"
-    assert resolve_backend("eager", torch.device("cpu")) == ("eager", "chosen explicitly")
+    assert resolve_compile_backend("auto", torch.device("cpu"))[0] == "inductor"
+    assert resolve_compile_backend("eager", torch.device("cpu")) == ("eager", "chosen explicitly")
 
 
 def test_export_example_batch_is_never_one_for_a_dynamic_range() -> None:

@@ -10,7 +10,7 @@ CI runs a small, derandomized budget (reproducible; the whole file takes well un
 cores). For a longer, randomized fuzz (failures are saved in ``.hypothesis/`` and replayed first
 on the next run)::
 
-    VISION_SERVE_FUZZ_EXAMPLES=20000 python -m pytest -q tests/test_fuzz.py -x
+    VISION_SERVE_FUZZ_EXAMPLES=20000 python -m pytest -q tests/unit/test_fuzz.py -x
 
 The variable raises every test's ``max_examples`` to at least that number and turns off
 derandomization, so each long run explores inputs CI never saw.

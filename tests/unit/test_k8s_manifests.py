@@ -23,7 +23,7 @@ from service import _defaults, metrics
 from service.settings import CONFIG_ENV, ServeSettings, env_var, read_config_file, resolve_settings
 from tests.tools import require_tool
 
-K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 MONITORING = K8S / "monitoring"
 PER_POD_CACHE = K8S / "components" / "per-pod-cache"
 SERVICE_MONITOR = K8S / "prometheus-operator" / "servicemonitor.yaml"

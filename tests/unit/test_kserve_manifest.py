@@ -28,7 +28,7 @@ from service import _defaults
 from service.settings import ServeSettings, env_var, resolve_settings
 from tests.tools import require_tool
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KSERVE = ROOT / "deploy" / "kserve"
 K8S = ROOT / "deploy" / "k8s"
 SCHEMA_DIR = KSERVE / "schema"

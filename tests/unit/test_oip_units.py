@@ -16,6 +16,7 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2
 
 from service.answers import Answer, error_answer
+from service.http_observer import client_request_id
 from service.oip import (
     CLASS_INDICES,
     LABELS,
@@ -30,7 +31,7 @@ from service.oip import (
     serialize_bytes,
 )
 from service.oip_grpc import parse_grpc_request
-from service.oip_http import encode_infer_response, model_in_path, parse_infer_body
+from service.oip_http import decompress, encode_infer_response, model_in_path, parse_infer_body
 
 LIMIT = 64
 
@@ -98,6 +99,12 @@ def test_top_k_parameter_and_request_id() -> None:
         (lambda r: r.update(outputs=[{"name": "LABELS", "parameters": {"classification": 0}}]), "classification"),
         (lambda r: r.update(parameters={"top_k": "5"}), "top_k"),
         (lambda r: r.update(inputs=[]), 'needs "inputs"'),
+        (lambda r: r.update(outputs=[{"name": ["LABELS"]}]), "Unknown output ['LABELS']"),
+        (lambda r: r.update(outputs=[{"name": "LABELS", "parameters": {"binary_data": "false"}}]), "true or false"),
+        (lambda r: r.update(parameters={"binary_data_output": 1}), "true or false"),
+        (lambda r: r.update(outputs=[{"name": "LABELS", "parameters": {"classification": 2}}]), "not LABELS"),
+        (lambda r: r["inputs"][0].update(shape=[True]), "non-negative integers"),
+        (lambda r: r["inputs"][0].update(datatype="UINT8", shape=[1, 0], data=[]), "length 0"),
     ],
 )
 def test_malformed_requests_are_400_and_say_what_is_wrong(mutate, words) -> None:
@@ -197,11 +204,11 @@ def test_grpc_request_raw_contents_and_parameters() -> None:
     del tensor  # the data travels in raw_input_contents, as tritonclient.grpc sends it
     request.raw_input_contents.append(serialize_bytes([b"one", b"two"]))
     request.parameters["top_k"].int64_param = 7
-    output = request.outputs.add(name="LABELS")
+    output = request.outputs.add(name="CLASS_INDICES")
     output.parameters["classification"].int64_param = 2
     call = parse_grpc_request(request, LIMIT)
     assert call.images == [b"one", b"two"] and call.top_k == 7 and call.request_id == "x"
-    assert call.outputs == [RequestedOutput(LABELS, True, 2)] and call.worker_top_k == 7
+    assert call.outputs == [RequestedOutput(CLASS_INDICES, True, 2)] and call.worker_top_k == 7
 
 
 def test_grpc_request_typed_contents() -> None:
@@ -212,3 +219,49 @@ def test_grpc_request_typed_contents() -> None:
         request = service_pb2.ModelInferRequest(model_name="m")
         request.inputs.add(name="IMAGE", datatype="UINT8", shape=[2]).contents.uint_contents.extend([1, 300])
         parse_grpc_request(request, LIMIT)
+
+
+def test_a_huge_shape_is_refused_before_any_work() -> None:
+    """[3e9, 1] UINT8 rows of nothing, or a billion BYTES elements: 413 from the shape, at once."""
+    for tensor in (
+        {"name": "IMAGE", "datatype": "UINT8", "shape": [3_000_000_000, 1], "data": [1]},
+        {"name": "IMAGE", "datatype": "BYTES", "shape": [1_000_000_000], "data": ["eA=="]},
+    ):
+        with pytest.raises(OipError) as caught:
+            parse_infer_body(json.dumps({"inputs": [tensor]}).encode(), None, LIMIT)
+        assert caught.value.status_code == 413
+
+
+@pytest.mark.parametrize("header_length", ["\u00b2", "9" * 5000, "-1", "12x"])
+def test_odd_header_lengths_are_400(header_length) -> None:
+    with pytest.raises(OipError) as caught:
+        parse_infer_body(b"{}", header_length, LIMIT)
+    assert caught.value.status_code == 400
+
+
+def test_no_outputs_named_means_all_of_them() -> None:
+    request = {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["eA=="]}], "outputs": []}
+    call = parse_infer_body(json.dumps(request).encode(), None, LIMIT)
+    assert [o.name for o in call.outputs] == [LABELS, PROBABILITIES, CLASS_INDICES]
+
+
+def test_compressed_bodies_inflate_within_the_limit() -> None:
+    import gzip
+    import zlib
+
+    body, _ = tritonclient_body([bytes_input([b"x"], binary=False)])
+    assert decompress(gzip.compress(body), "gzip", 10_000) == body
+    assert decompress(zlib.compress(body), "deflate", 10_000) == body
+    with pytest.raises(OipError) as caught:  # 10 MB of zeros in a few kB: refused past the limit
+        decompress(gzip.compress(bytes(10_000_000)), "gzip", 1_000_000)
+    assert caught.value.status_code == 413
+    with pytest.raises(OipError) as caught:
+        decompress(body, "br", 10_000)
+    assert caught.value.status_code == 415
+
+
+def test_grpc_request_ids_follow_the_http_rules() -> None:
+    assert client_request_id("trace-1.2:3") == "trace-1.2:3"
+    for bad in ("x\nFAKE LOG LINE", "y" * 200, "", None):
+        new = client_request_id(bad)
+        assert new != bad and len(new) == 32

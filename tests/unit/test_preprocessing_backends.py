@@ -17,7 +17,7 @@ from PIL import Image
 
 from compile.catalog import get_model_entry
 from compile.weights import load_model
-from preprocessing import PreprocessSpec, create_preprocessor, resolve_backend
+from preprocessing import PreprocessSpec, create_preprocessor, resolve_preprocess_backend
 from preprocessing.device_base import DeviceDecodePreprocessor
 from preprocessing.geometry import orient, plan_crop, stored_resize_and_crop
 from preprocessing.probe import probe_image
@@ -236,18 +236,18 @@ def test_all_bad_and_empty_batches(name: str, device: str) -> None:
 
 
 def test_auto_picks_pil_on_cpu_and_the_first_usable_gpu_backend() -> None:
-    assert resolve_backend("auto", "cpu")[0] == "pil"
-    on_gpu, reason = resolve_backend("auto", "cuda")  # resolution only imports; nothing runs on a GPU
+    assert resolve_preprocess_backend("auto", "cpu")[0] == "pil"
+    on_gpu, reason = resolve_preprocess_backend("auto", "cuda")  # resolution only imports; nothing runs on a GPU
     expected = next(name for name in ("dali", "cvcuda", "torch") if backend_problem(name, "cuda") is None)
     assert on_gpu == expected and "auto on cuda" in reason
 
 
 def test_explicit_backends_that_cannot_run_say_why() -> None:
     with pytest.raises(ValueError, match="cvcuda needs a CUDA device"):
-        resolve_backend("cvcuda", "cpu")
+        resolve_preprocess_backend("cvcuda", "cpu")
     with pytest.raises(ValueError, match="Unknown preprocessing backend 'opencv'"):
-        resolve_backend("opencv", "cpu")
-    assert resolve_backend("dali", "cpu") == ("dali", "chosen explicitly")
+        resolve_preprocess_backend("opencv", "cpu")
+    assert resolve_preprocess_backend("dali", "cpu") == ("dali", "chosen explicitly")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CV-CUDA cannot load")

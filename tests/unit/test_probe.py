@@ -15,7 +15,7 @@ from PIL import Image
 from preprocessing.base import ImageDecodeError
 from preprocessing.probe import check_image_header, open_image, plain_jpeg_size
 from tests.conftest import encode, sample_array
-from tests.test_fuzz import fuzz_settings
+from tests.unit.test_fuzz import fuzz_settings
 
 
 def _jpegs() -> dict[str, bytes]:

@@ -1,6 +1,6 @@
 """The reliability parts on their own: admission gate, API-key check, worker watch and restarter.
 
-The end-to-end behaviour (real server, real kill -9, real overload) is in tests/test_reliability.py;
+The end-to-end behaviour (real server, real kill -9, real overload) is in tests/e2e/test_reliability.py;
 these pin the rules that are hard to provoke there (a restarted worker failing its setup, requests
 of one worker among several).
 """

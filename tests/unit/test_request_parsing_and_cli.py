@@ -309,3 +309,21 @@ def test_grpc_port_must_differ_from_the_http_port() -> None:
     for port in (8000, 80, 70000):
         with pytest.raises(ValueError, match="--grpc-port"):
             ServeSettings(grpc_port=port)
+
+
+def test_a_taken_grpc_port_is_refused_before_anything_starts(caplog) -> None:
+    """SO_REUSEPORT would let the gRPC servers share a port with a stale server: serve() checks first."""
+    import socket
+
+    from service.server import check_port_free, serve
+
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a gRPC server binds it
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(OSError):
+            check_port_free("127.0.0.1", port)
+        assert serve(ServeSettings(grpc_port=port)) == 1
+    assert f"--grpc-port {port} cannot be used" in caplog.text
+    check_port_free("127.0.0.1", port)  # free again once its holder closed

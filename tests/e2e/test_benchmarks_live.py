@@ -1,0 +1,111 @@
+"""The benchmark machinery against real servers and models: the load generator against a Lite0 server
+on loopback (closed and open loop, client processes, its CLI), the per-process script and the ceiling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.ceiling import measure_ceiling
+from benchmarks.images import read_images, write_benchmark_images
+from benchmarks.loadgen import (
+    CONSTANT,
+    LoadSpec,
+    run_load,
+)
+from compile.sample_photos import CAT_LABELS
+from service.engine import load_eager
+from service.process import ServerProcess
+
+LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
+
+
+@pytest.fixture(scope="module")
+def images_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bench-images")
+    write_benchmark_images(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ServerProcess(LITE, log_path=tmp_path_factory.mktemp("server") / "server.log") as running:
+        yield running
+
+
+def test_closed_loop_reports_latency_batches_and_the_server_breakdown(server, images_dir) -> None:
+    images = read_images(images_dir)
+    result = run_load(f"{server.url}/predict", images, LoadSpec(24, concurrency=4, warmup_requests=4))
+    summary = result.summary()
+    assert summary["requests"] == 24 and summary["ok"] == 24 and summary["statuses"] == {"200": 24}
+    assert summary["throughput_rps"] > 0
+    latency = summary["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+    assert sum(summary["batch_sizes"].values()) == 24 and max(map(int, summary["batch_sizes"])) <= 4
+    for sample in result.samples:
+        parts = sample.timings_ms
+        assert set(parts) == {"queue", "preprocess", "inference", "postprocess", "total"}
+        # The server's total covers its parts (one clock per process: allow a millisecond of skew)...
+        assert parts["total"] + 1.0 >= parts["queue"] + parts["preprocess"] + parts["inference"]
+        # ...and the client waited at least as long as the server worked.
+        assert sample.latency_ms + 1.0 >= parts["total"]
+    assert set(summary["server_ms_median"]) == {"queue", "preprocess", "inference", "postprocess", "total", "other"}
+
+
+def test_open_loop_keeps_its_schedule_and_counts_errors_by_status(server, images_dir) -> None:
+    images = [*read_images(images_dir)[:2], b"not an image at all"]
+    result = run_load(f"{server.url}/predict", images, LoadSpec(12, mode="open", rate=8.0, arrivals=CONSTANT))
+    summary = result.summary()
+    assert summary["statuses"] == {"200": 8, "415": 4}
+    assert summary["errors"] == 4 and summary["ok"] == 8
+    assert [round(s.sent_s, 3) for s in sorted(result.samples, key=lambda s: s.sent_s)][:3] == [0.0, 0.125, 0.25]
+    assert result.elapsed_s >= 11 / 8.0  # the last arrival is scheduled at 1.375 s
+
+
+def test_client_processes_split_the_load_without_losing_requests(server, images_dir) -> None:
+    images = read_images(images_dir)[:2]
+    # Fewer requests than processes: the extra process is dropped instead of failing on 0 requests.
+    result = run_load(f"{server.url}/predict", images, LoadSpec(3, concurrency=4), processes=4)
+    assert result.summary()["statuses"] == {"200": 3}
+    # A constant stream split over 2 processes stays evenly spaced: process 1 starts half a gap later.
+    spec = LoadSpec(6, mode="open", rate=6.0, arrivals=CONSTANT)
+    sent = sorted(s.sent_s for s in run_load(f"{server.url}/predict", images, spec, processes=2).samples)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert len(sent) == 6 and all(0.08 < gap < 0.25 for gap in gaps), gaps
+
+
+def test_loadgen_cli_writes_its_json(server, images_dir, tmp_path) -> None:
+    output = tmp_path / "run.json"
+    command = [sys.executable, "-m", "benchmarks.loadgen", "--url", f"{server.url}/predict", "--images",
+               str(images_dir), "--requests", "6", "--concurrency", "2", "--output", str(output)]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "closed loop, concurrency 2: 6/6 ok" in completed.stdout
+    record = json.loads(output.read_text())
+    assert record["summary"]["ok"] == 6 and len(record["samples"]) == 6
+
+
+def test_per_process_script_classifies_a_real_photo(images_dir) -> None:
+    command = [sys.executable, "-m", "benchmarks.per_process_classify", str(images_dir / "chelsea-landscape.jpg"),
+               "--model", "efficientnet-lite0", "--weights", "imagenet"]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    top5 = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert len(top5) == 5 and top5[0]["label"] in CAT_LABELS
+
+
+def test_ceiling_times_the_served_model(images_dir) -> None:
+    cpu = torch.device("cpu")
+    served = load_eager("efficientnet-lite0", "imagenet", cpu)
+    record = measure_ceiling(served, read_images(images_dir)[:3], [1, 2], cpu, repeats=1)
+    assert record["engine"] == "torch-eager-fp32"
+    for batch in ("1", "2"):
+        numbers = record["batches"][batch]
+        assert numbers["model_ms"] > 0 and numbers["preprocess_ms"] > 0
+        assert numbers["model_img_per_s"] == pytest.approx(int(batch) * 1e3 / numbers["model_ms"])

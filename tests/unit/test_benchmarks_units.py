@@ -1,0 +1,337 @@
+"""The benchmark suite's own machinery without a model server: server-timing parsing, percentiles,
+arrivals, load specs, plots, the target verdicts, the GPU suite's report, the images-per-request bodies.
+
+The parts that drive a real Lite0 server are in tests/e2e/test_benchmarks_live.py; the benchmarks
+themselves (minutes of ResNet-152) run by hand: ``python -m benchmarks.experiments all``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import statistics
+import sys
+
+import httpx
+import pytest
+import torch
+
+from benchmarks import plots
+from benchmarks.experiments import Target, agreement_inputs, targets, targets_markdown
+from benchmarks.images import read_images, write_benchmark_images
+from benchmarks.loadgen import (
+    CONSTANT,
+    POISSON,
+    LoadSpec,
+    arrival_times,
+    check_loopback,
+    parse_server_timing,
+    percentile,
+    run_load,
+)
+from benchmarks.suite import markdown_table
+from service.process import ServerProcess, free_port
+
+LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
+
+
+@pytest.fixture(scope="module")
+def images_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bench-images")
+    write_benchmark_images(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ServerProcess(LITE, log_path=tmp_path_factory.mktemp("server") / "server.log") as running:
+        yield running
+
+
+def test_parse_server_timing_reads_durations_and_skips_the_rest() -> None:
+    header = 'queue;dur=1.5, preprocess;desc="PIL";dur=2, cache;desc=hit, inference;dur=abc, total;dur="4.25"'
+    assert parse_server_timing(header) == {"queue": 1.5, "preprocess": 2.0, "total": 4.25}
+    assert parse_server_timing(None) == {}
+    assert parse_server_timing("") == {}
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert (percentile(values, 0.5), percentile(values, 0.95), percentile(values, 0.99)) == (50, 95, 99)
+    assert percentile([7.0], 0.99) == 7.0
+    assert percentile([], 0.5) != percentile([], 0.5)  # NaN
+
+
+def test_arrivals_constant_and_poisson() -> None:
+    assert arrival_times(4, 2.0, CONSTANT, random.Random(0)) == [0.0, 0.5, 1.0, 1.5]
+    times = arrival_times(4000, 50.0, POISSON, random.Random(1))
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert times[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(1 / 50, rel=0.05)
+    # Exponential gaps: the standard deviation equals the mean (constant spacing would give 0).
+    assert statistics.pstdev(gaps) == pytest.approx(1 / 50, rel=0.1)
+    assert times == arrival_times(4000, 50.0, POISSON, random.Random(1))  # seeded: reproducible
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/predict", "http://localhost:1/x", "http://[::1]:80/p"])
+def test_loopback_urls_are_accepted(url: str) -> None:
+    check_loopback(url)
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8000/predict", "https://example.com/predict", "http://0.0.0.0:1/"])
+def test_other_urls_are_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        check_loopback(url)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"requests": 0}, "requests"),
+        ({"requests": 1, "concurrency": 0}, "concurrency"),
+        ({"requests": 1, "mode": "open"}, "rate"),
+        ({"requests": 1, "mode": "open", "rate": float("inf")}, "rate"),
+        ({"requests": 1, "arrivals": "bursty"}, "arrivals"),
+        ({"requests": 1, "max_seconds": 0}, "max_seconds"),
+    ],
+)
+def test_load_spec_says_what_is_wrong(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LoadSpec(**kwargs)
+
+
+def test_read_images_explains_an_empty_folder(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"benchmarks\.images"):
+        read_images(tmp_path)
+
+
+def test_a_dead_server_counts_as_lost_not_as_a_crash(images_dir) -> None:
+    url = f"http://127.0.0.1:{free_port()}/predict"
+    result = run_load(url, read_images(images_dir)[:1], LoadSpec(3, concurrency=1))
+    assert result.summary()["statuses"] == {"lost": 3}
+    assert all(s.error and "ConnectError" in s.error for s in result.samples)
+
+
+def test_agreement_inputs_are_distinct_variants(images_dir) -> None:
+    photos = read_images(images_dir)[:2]
+    variants = agreement_inputs(photos, 5)
+    assert len(variants) == 10 and variants[0] == photos[0] and variants[5] == photos[1]
+    assert len(set(variants)) == 10
+
+
+def test_plots_write_png_files(tmp_path) -> None:
+    written = [
+        plots.throughput_vs_concurrency(
+            {"a": [(1, 2.0), (8, 5.0)], "b": [(1, 1.0), (8, 3.0)]}, "t", tmp_path / "t.png"
+        ),
+        plots.latency_cdf({"a": [1.0, 2.0, 3.0], "empty": []}, "t", tmp_path / "c.png"),
+        plots.batch_histogram({"a": {"1": 3, "8": 5}, "b": {"4": 2}}, "t", tmp_path / "b.png"),
+    ]
+    for path in written:
+        assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 5000
+
+
+def _run(rps: float, p50: float = 100.0) -> dict:
+    return {"throughput_rps": rps, "latency_ms": {"p50": p50}}
+
+
+def _efficiency(served: float, ceiling: float, c1_p50: float, model_b1: float) -> dict:
+    return {
+        "ratio": served / ceiling,
+        "served_img_per_s": served,
+        "ceiling_img_per_s": ceiling,
+        "c1_ratio": c1_p50 / model_b1,
+        "served_c1_p50_ms": c1_p50,
+        "model_b1_ms": model_b1,
+    }
+
+
+def _records(
+    served_fp32: float, served_bf16: float, ts_best: float, bf16_agreement: float, c1_ms: float, lite_agreement=1.0
+):
+    ceiling = {
+        "efficiency": {
+            "vision-serve eager fp32": _efficiency(served_fp32 * 0.9, 10.0, 105.0, 100.0),
+            "vision-serve inductor fp32": _efficiency(served_fp32, 11.0, 95.0, 90.0),
+            "vision-serve inductor bf16": _efficiency(served_bf16, 20.0, c1_ms, 50.0),
+        }
+    }
+    runs = {
+        "TorchServe batch 8": {1: _run(5.0), 32: _run(ts_best)},
+        "TorchServe no batching": {1: _run(5.0), 32: _run(ts_best / 2)},
+        "TorchServe batch 8, 1 worker": {1: _run(5.0), 32: _run(ts_best * 1.5)},  # tuned beyond the seed setup
+        "vision-serve eager fp32": {1: _run(0, 105.0), 32: _run(served_fp32 * 0.9)},
+        "vision-serve inductor fp32": {1: _run(0, 95.0), 32: _run(served_fp32)},
+        "vision-serve inductor bf16": {1: _run(0, c1_ms), 32: _run(served_bf16)},
+    }
+    per_process = {"per_process": {"throughput_rps": 0.5}, "parallel": 2, "server": {"2": _run(6.0)}}
+    agreement = {
+        "resnet152": {
+            "engines": {"inductor-bf16": {"top1_agreement": bf16_agreement}},
+            "inputs": 240,
+            "distinct_fp32_top1": 1,
+        },
+        "efficientnet-lite0": {
+            "engines": {"eager-bf16": {"top1_agreement": lite_agreement}},
+            "inputs": 240,
+            "distinct_fp32_top1": 34,
+        },
+    }
+    return ceiling, {"runs": runs}, per_process, {"agreement": agreement}
+
+
+def test_targets_compute_each_ratio_and_verdict() -> None:
+    found = {t.name: t for t in targets(*_records(10.6, 19.5, 7.0, 1.0, 56.0))}
+    assert found["efficiency, vision-serve inductor fp32"].measured == pytest.approx(10.6 / 11.0)
+    assert found["efficiency, vision-serve inductor fp32"].met
+    assert found["vs TorchServe at fp32"].measured == pytest.approx(10.6 / 7.0) and found["vs TorchServe at fp32"].met
+    fastest = found["vs TorchServe, fastest precision with top-1 agreement >= 99%"]
+    assert fastest.measured == pytest.approx(19.5 / 7.0) and fastest.met
+    assert fastest.detail.startswith("vision-serve inductor bf16")
+    tuned = found["vs TorchServe at fp32 (extra: TorchServe tuned beyond the seed setup)"]
+    assert tuned.measured == pytest.approx(10.6 / 10.5) and not tuned.met and "1 worker" in tuned.detail
+    assert found["vs one process per image (same parallelism)"].measured == pytest.approx(12.0)
+    latency = found["concurrency-1 latency, vision-serve inductor bf16"]
+    assert latency.measured == pytest.approx(56.0 / 50.0) and latency.met
+    seed_rows = [t for name, t in found.items() if "extra" not in name]
+    assert all(t.met for t in seed_rows) and "NOT met" not in targets_markdown(seed_rows)
+
+
+def test_targets_say_not_met_and_skip_a_precision_that_disagrees() -> None:
+    found = {t.name: t for t in targets(*_records(9.0, 30.0, 7.0, 0.95, 60.0))}
+    assert not found["efficiency, vision-serve inductor fp32"].met  # 9 / 11 < 0.95
+    fastest = found["vs TorchServe, fastest precision with top-1 agreement >= 99%"]
+    assert fastest.detail.startswith("vision-serve inductor fp32")  # 95 % agreement: bf16 does not qualify
+    assert not found["concurrency-1 latency, vision-serve inductor bf16"].met  # 60 / 50 > 1.15
+    assert "NOT met" in targets_markdown(list(found.values()))
+    assert Target("x", 1.15, 1.2, "", lower_is_better=True).met is False
+
+
+def test_a_precision_qualifies_only_if_the_real_weights_model_agrees_too() -> None:
+    found = {t.name: t for t in targets(*_records(10.6, 19.5, 7.0, 1.0, 56.0, lite_agreement=0.979))}
+    fastest = found["vs TorchServe, fastest precision with top-1 agreement >= 99%"]
+    assert fastest.measured == pytest.approx(10.6 / 7.0)  # judged with fp32
+    # ...and the detail says what bf16 would have given and why it does not count.
+    assert "vision-serve inductor bf16 excluded: " in fastest.detail
+    assert "efficientnet-lite0 eager-bf16 97.9% of 240 inputs (34 distinct fp32 top-1)" in fastest.detail
+
+
+def test_markdown_table() -> None:
+    assert markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
+
+
+def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
+    """The GPU suite's report from a recorded run (the suite itself needs a GPU; CI has none)."""
+    from benchmarks.gpu_suite import report
+
+    def run(rps: float) -> dict:
+        return {**_run(rps, 12.0), "latency_ms": {"p50": 12.0, "p99": 30.0}, "batch_size_mean": 4.0,
+                "batch_sizes": {"4": 10}, "server_ms_median": {"queue": 1.0, "preprocess": 2.0, "inference": 3.0},
+                "latencies_ms": [10.0, 12.0, 30.0]}  # fmt: skip
+
+    record = {
+        "machine": {"gpu": "NVIDIA H100"},
+        "steps": {"compile": {"seconds": 100.0, "status": "ok"}, "preprocess": {"seconds": 5.0, "status": "failed: x"}},
+        "sweeps": {"compiled": {1: run(80.0), 64: run(2000.0)}, "baseline": {1: run(40.0), 64: run(300.0)}},
+        "poisson": {"compiled": {"50% of peak (1000 req/s)": run(990.0)}},
+        "client_ceiling": {64: run(9000.0)},
+    }
+    md = report(record, tmp_path, "resnet152", 64)
+    assert "| compiled | 64 | 2000.0 | 12.0 | 30.0 | 4.0 | 1.0 / 2.0 / 3.0 |" in md
+    assert "| client ceiling: no-op server | 64 | 9000.0 | 12.0 | 30.0 |  |  |" in md
+    assert "| preprocess | 5 | failed: x |" in md
+    for name in ("gpu_suite-throughput.png", "gpu_suite-latency-cdf.png", "gpu_suite-batch-sizes.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG") and f"![{name}]({name})" in md
+
+
+def test_metrics_overhead_benchmark_measures_and_saves(tmp_path, capsys) -> None:
+    from benchmarks import metrics_overhead
+
+    assert metrics_overhead.main(["--calls", "50", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "metrics_overhead.json").read_text())
+    assert record["record_per_request_us"] > 0 and record["scrape_ms_7_processes"] > 0
+    assert record["scrape_bytes"] > 1000  # the scrape read what the spawned processes recorded
+    assert "one scrape, files of 7 processes" in capsys.readouterr().out
+
+
+def test_gpu_suite_resumes_a_saved_record_with_numeric_concurrencies() -> None:
+    """A record read back from JSON (string keys) sorts and plots by concurrency, not as text."""
+    from benchmarks.gpu_suite import _int_keys
+
+    saved = json.loads(json.dumps({"sweeps": {"baseline": {1: {}, 64: {}, 256: {}}}}))
+    assert max(saved["sweeps"]["baseline"]) == "64"  # what went wrong without the conversion
+    assert max(_int_keys(saved["sweeps"]["baseline"])) == 256
+
+
+def test_noop_server_answers_every_request_of_the_load_generator(tmp_path) -> None:
+    """The client-ceiling server: a real uvicorn on loopback, driven by the real load generator."""
+    from benchmarks.noop_server import noop_server
+
+    images_dir = tmp_path / "images"
+    write_benchmark_images(images_dir)
+    with noop_server(workers=1) as url:
+        result = run_load(url, read_images(images_dir), LoadSpec(60, concurrency=4, warmup_requests=4))
+        answer = httpx.post(url, content=b"x" * 100_000).json()
+    summary = result.summary()
+    assert summary["statuses"] == {"200": 60} and summary["throughput_rps"] > 0
+    assert [p["label"] for p in answer["predictions"]] == ["no-op"] * 5
+
+
+def test_preprocess_parity_measures_backends_against_pillow() -> None:
+    """The parity benchmark on the CPU: the torch backend decodes with libjpeg-turbo like Pillow, so
+    bilinear stays within one uint8 level (the same bound as the backend tests)."""
+    from benchmarks.preprocess_parity import SPECS, measure
+
+    found = measure(torch.device("cpu"), ["torch"])
+    assert set(found["torch"]) == set(SPECS)
+    bilinear = found["torch"]["bilinear (resnet152)"]
+    assert 0 < bilinear["max_levels"] <= 1.01 and bilinear["mean"] < 0.01
+
+
+def test_the_triton_peer_skips_a_pyenv_shim_that_does_not_run(tmp_path, monkeypatch) -> None:
+    import os
+
+    from benchmarks.triton_env import find_python
+
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "python3.13"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.13: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    installed = tmp_path / "pyenv" / "versions" / "3.13.0" / "bin"
+    installed.mkdir(parents=True)
+    (installed / "python3.13").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    assert find_python("3.13") == str(installed / "python3.13")
+
+
+def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
+    """The benchmark's 64-image bodies are what /predict and the OIP route accept (no server needed)."""
+    import asyncio
+
+    from starlette.requests import Request as StarletteRequest
+
+    from benchmarks.images_per_request import multipart_request, oip_request, render, to_row
+    from service.oip_http import parse_infer_body
+    from service.request_parsing import RequestLimits, read_predict_request
+
+    oip = oip_request(b"\xff\xd8jpeg", 3, model="m")
+    call = parse_infer_body(oip.body, oip.headers["Inference-Header-Content-Length"], 64)
+    assert oip.path == "/v2/models/m/infer" and call.images == [b"\xff\xd8jpeg"] * 3
+
+    form = multipart_request(b"\xff\xd8jpeg", 3)
+    headers = [(k.lower().encode(), v.encode()) for k, v in form.headers.items()]
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": form.body, "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/predict", "headers": headers, "query_string": b""}
+    parsed = asyncio.run(read_predict_request(StarletteRequest(scope, receive), RequestLimits()))
+    assert parsed.many and parsed.images == [b"\xff\xd8jpeg"] * 3
+
+    raw = {"duration_us": 2e6, "requests": 10, "p50_us": 1000, "p99_us": 2000, "non_2xx": 0, "socket_errors": 0}
+    rows = [to_row("predict-1", 64, raw, cpu_s=1.0), to_row("predict-64", 1, raw, cpu_s=16.0)]
+    assert rows[1].images_per_s == 320.0 and rows[1].server_cpu_ms_per_image == 25.0
+    assert "`predict-64` x1: 64.00x the images per second, 0.25x the server CPU per image" in render(rows, 2.0)

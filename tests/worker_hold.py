@@ -1,0 +1,45 @@
+"""Hold an inference worker while requests queue, so that they share a batch whatever the machine's speed.
+
+A batch window alone makes concurrent requests share a batch only if they all arrive within it,
+which a loaded 2-core machine does not promise. Stopping the worker (SIGSTOP) while the requests
+are admitted, then resuming it, does: every request is queued for it before it takes its next
+batch, and the batch window only has to cover the hand-over of messages already sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+
+HOLD_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def worker_held(pid: int) -> Iterator[None]:
+    """The worker process stopped for the block; resumed after it, also on error."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = HOLD_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def in_flight(url: str) -> int:
+    """Images the server has admitted and not answered (the ``vision_serve_requests_in_flight`` gauge)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    match = re.search(r"^vision_serve_requests_in_flight (\S+)$", text, re.M)
+    assert match, "no vision_serve_requests_in_flight in /metrics"
+    return int(float(match.group(1)))
