@@ -79,3 +79,13 @@ def inference_workers(server_process) -> list[psutil.Process]:
     """The spawned inference worker processes of a running ``service.process.ServerProcess``."""
     children = psutil.Process(server_process.process.pid).children(recursive=True)
     return [p for p in children if "spawn_main" in command_line(p)]
+
+
+@pytest.fixture(scope="session")
+def images_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A folder of the benchmark photos (benchmarks.images), for the load generator and friends."""
+    from benchmarks.images import write_benchmark_images
+
+    directory = tmp_path_factory.mktemp("bench-images")
+    write_benchmark_images(directory)
+    return directory

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.ceiling import measure_ceiling
-from benchmarks.images import read_images, write_benchmark_images
+from benchmarks.images import read_images
 from benchmarks.loadgen import (
     CONSTANT,
     LoadSpec,
@@ -24,13 +24,6 @@ from service.engine import load_eager
 from service.process import ServerProcess
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
-
-
-@pytest.fixture(scope="module")
-def images_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("bench-images")
-    write_benchmark_images(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

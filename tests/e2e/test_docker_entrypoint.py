@@ -18,19 +18,18 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import yaml
 
 from service.client import VisionClient
 from service.process import ServerProcess, free_port
 from tests.conftest import CAT_LABELS, command_line
-
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "Dockerfile.gpu"
-ENTRYPOINT = ROOT / "deploy/docker/entrypoint.sh"
-COMPOSE = ROOT / "docker-compose.yml"
-ALERTS = ROOT / "deploy/prometheus/alerts.yml"
-GRAFANA = ROOT / "deploy/grafana"
-DASHBOARD = GRAFANA / "dashboards/vision-serve.json"
+from tests.unit.test_deploy_files import (
+    ENTRYPOINT,
+    alert_rules,
+    compose_healthcheck,
+    dashboard_queries,
+    dockerfile_healthcheck,
+    metric_names_in,
+)
 
 # The console scripts (vision-serve, compile-trt) of the environment running the tests.
 VENV_BIN = Path(sys.executable).parent
@@ -40,94 +39,11 @@ READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 
 
-# ---- what the server exports ---------------------------------------------------------------------
-
-
-def metric_names_in(expr: str) -> set[str]:
-    """The vision-serve metric names a PromQL expression uses (our metrics share the prefix)."""
-    return set(re.findall(r"\bvision_serve_[a-z0-9_]+\b", expr))
-
-
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, expr) for every query of the dashboard."""
-    dashboard = json.loads(DASHBOARD.read_text())
-    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel.get("targets", [])]
-
-
-def alert_rules() -> list[dict]:
-    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
-
-
-# ---- Dockerfile ------------------------------------------------------------------------------------
-
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    joined = re.sub(
-        r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.startswith("#"))
-    )
-    return [tuple(line.strip().split(None, 1)) for line in joined.splitlines() if line.strip()]  # type: ignore[misc]
-
-
-def instruction(name: str) -> list[str]:
-    return [args for op, args in dockerfile_instructions() if op == name]
-
-
-def dockerfile_healthcheck() -> list[str]:
-    (args,) = instruction("HEALTHCHECK")
-    return json.loads(args.split(" CMD ", 1)[1])
-
-
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
-
-
 def run_healthcheck(command: list[str], port: int) -> int:
     # The image's `python` is this interpreter here.
     command = [sys.executable if part == "python" else part for part in command]
     env = {**os.environ, "VISION_SERVE_PORT": str(port)}
     return subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
-
-
-# ---- docker-compose.yml ----------------------------------------------------------------------------
-
-
-def seconds(duration: str) -> float:
-    units = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration))
-
-
-def compose_healthcheck() -> list[str]:
-    test = compose()["services"]["vision-serve"]["healthcheck"]["test"]
-    assert test[0] == "CMD", "exec form: the image has no need for a shell in the probe"
-    return test[1:]
-
-
-# ---- Prometheus --------------------------------------------------------------------------------------
-
-
-# Synthetic series per alert (promtool's expanding notation: 'a+bxN'), the time it fires at, and what
-# its templates render to. The healthy box below fires none of them.
-INSTANCE = {"job": "vision-serve", "instance": "vision-serve:8000"}
-
-
-def series(name: str) -> str:
-    """Adds the scrape's job and instance labels to a series selector."""
-    labels = ",".join(f'{k}="{v}"' for k, v in INSTANCE.items())
-    return f"{name[:-1]},{labels}}}" if name.endswith("}") else f"{name}{{{labels}}}"
-
-
-def render(template: str, labels: dict[str, str], values: dict[str, str]) -> str:
-    """The few Go-template forms alerts.yml uses, as Prometheus renders them."""
-    text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], template)
-    text = text.replace("{{ $value | humanizePercentage }}", values.get("value_percentage", "?"))
-    return text.replace("{{ $value | humanizeDuration }}", values.get("value_duration", "?"))
-
-
-# ---- Grafana -------------------------------------------------------------------------------------------
-
-
-# ---- deploy/docker/entrypoint.sh, run outside Docker -------------------------------------------------
 
 
 def entrypoint(args: list[str], log_path: Path, **env: str) -> ServerProcess:

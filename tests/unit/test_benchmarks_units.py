@@ -31,22 +31,7 @@ from benchmarks.loadgen import (
     run_load,
 )
 from benchmarks.suite import markdown_table
-from service.process import ServerProcess, free_port
-
-LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
-
-
-@pytest.fixture(scope="module")
-def images_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("bench-images")
-    write_benchmark_images(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerProcess(LITE, log_path=tmp_path_factory.mktemp("server") / "server.log") as running:
-        yield running
+from service.process import free_port
 
 
 def test_parse_server_timing_reads_durations_and_skips_the_rest() -> None:

@@ -12,8 +12,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 try:
@@ -21,11 +19,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10: pyproject.toml installs tomli there
     import tomli as tomllib
 
-import pytest
 import yaml
 
 from service.metrics import METRIC_NAMES, metrics
-from service.process import ServerProcess
 from tests.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +34,6 @@ GRAFANA = ROOT / "deploy/grafana"
 DASHBOARD = GRAFANA / "dashboards/vision-serve.json"
 
 # The console scripts (vision-serve, compile-trt) of the environment running the tests.
-VENV_BIN = Path(sys.executable).parent
 # Names in queries that are not vision-serve's: Prometheus' own per-target series.
 PROMETHEUS_SERIES = {"up"}
 # The routes the server answers without a key (spec: GET /health, /ready, /metrics).
@@ -418,33 +413,3 @@ def test_dashboard_panels_use_the_provisioned_datasource_and_cover_the_issue() -
 
 
 # ---- deploy/docker/entrypoint.sh, run outside Docker -------------------------------------------------
-
-
-def entrypoint(args: list[str], log_path: Path, **env: str) -> ServerProcess:
-    """deploy/docker/entrypoint.sh launched as a server process, with the venv's console scripts on PATH
-    and none of this shell's VISION_SERVE_* settings."""
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith("VISION_SERVE_") and k != "PROMETHEUS_MULTIPROC_DIR"
-    }
-    env = {"PATH": f"{VENV_BIN}{os.pathsep}{base.get('PATH', '')}", "VISION_SERVE_HOST": "127.0.0.1", **env}
-    return ServerProcess(args, log_path=log_path, env=env, base_env=base, command=[str(ENTRYPOINT)]).launch()
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    """``launch(args, VISION_SERVE_X=...)`` starts the script; whatever a failed test leaves running is killed."""
-    runs: list[ServerProcess] = []
-
-    def start(args: list[str], **env: str) -> ServerProcess:
-        runs.append(entrypoint(args, tmp_path / f"entrypoint-{len(runs)}.log", **env))
-        return runs[-1]
-
-    yield start
-    for run in runs:
-        run.kill_group()
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Two levels down: the script creates the artifact's parent folder on a fresh volume.
-    return tmp_path_factory.mktemp("volume") / "artifacts" / "lite0"
