@@ -8,6 +8,7 @@ compares in constant time.
 # No `from __future__ import annotations`: FastAPI reads this callable instance's annotations, and
 # some versions cannot resolve string annotations on an instance (it has no __globals__).
 import hmac
+from collections.abc import Mapping
 
 from fastapi import HTTPException, Request
 
@@ -21,18 +22,22 @@ class ApiKeyAuth:
         self._key = api_key.encode()
 
     @staticmethod
-    def supplied_key(request: Request) -> "str | None":
-        key = request.headers.get("x-api-key")
+    def supplied_key(headers: "Mapping[str, str]") -> "str | None":
+        """``X-API-Key``, else the token of ``Authorization: Bearer``. ``headers``: Starlette's, or gRPC
+        call metadata as a dict (its names are lower case)."""
+        key = headers.get("x-api-key")
         if key is not None:
             return key
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         return token.strip() if scheme.lower() == "bearer" else None
 
-    def __call__(self, request: Request) -> None:
-        supplied = self.supplied_key(request)
+    def matches(self, supplied: "str | None") -> bool:
         # compare_digest takes as long for a near miss as for a far one: the key cannot be guessed
         # byte by byte from response times.
-        if supplied is None or not hmac.compare_digest(supplied.encode(), self._key):
+        return supplied is not None and hmac.compare_digest(supplied.encode(), self._key)
+
+    def __call__(self, request: Request) -> None:
+        if not self.matches(self.supplied_key(request.headers)):
             raise HTTPException(
                 401,
                 "Missing or wrong API key. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'.",

@@ -107,24 +107,28 @@ class HttpObserver:
 
     @staticmethod
     def _log(scope: Scope, path: str, code: str, started: float) -> None:
-        level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
-        if not access_logger.isEnabledFor(level):
-            return
-        duration_ms = (time.perf_counter() - started) * 1e3
         client = scope.get("client")
-        method = scope.get("method", "")
-        access_logger.log(
-            level,
-            "%s %s %s %.1fms",
-            method,
-            path,
-            code,
-            duration_ms,
-            extra={
-                "method": method,
-                "path": path,
-                "status": int(code),
-                "duration_ms": round(duration_ms, 2),
-                "client": f"{client[0]}:{client[1]}" if client else None,
-            },
-        )
+        log_access(scope.get("method", ""), path, code, started, f"{client[0]}:{client[1]}" if client else None)
+
+
+def log_access(method: str, path: str, code: str, started: float, client: str | None = None) -> None:
+    """One access-log line for an answered request (HTTP, or a gRPC call with method ``GRPC``)."""
+    level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
+    if not access_logger.isEnabledFor(level):
+        return
+    duration_ms = (time.perf_counter() - started) * 1e3
+    access_logger.log(
+        level,
+        "%s %s %s %.1fms",
+        method,
+        path,
+        code,
+        duration_ms,
+        extra={
+            "method": method,
+            "path": path,
+            "status": int(code),
+            "duration_ms": round(duration_ms, 2),
+            "client": client,
+        },
+    )

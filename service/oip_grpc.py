@@ -12,7 +12,6 @@ shedding, deadline and API key (metadata ``x-api-key`` or ``authorization: Beare
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -20,7 +19,8 @@ from collections.abc import Callable
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from service.http_observer import NO_ANSWER, client_request_id
+from service.auth import ApiKeyAuth
+from service.http_observer import NO_ANSWER, client_request_id, log_access
 from service.image_dispatch import ImageDispatcher
 from service.logs import REQUEST_ID
 from service.metrics import metrics
@@ -46,9 +46,9 @@ from service.oip_infer import run_infer
 from service.request_parsing import RequestLimits
 
 logger = logging.getLogger(__name__)
-access_logger = logging.getLogger("service.access")
 
 SERVER_NAME = "vision-serve"
+MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # the access log's path for ModelInfer
 GRPC_STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -119,7 +119,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.engine = engine
         self.ready = ready
         self.server_version = server_version
-        self._key = api_key.encode()
+        self._auth = ApiKeyAuth(api_key) if api_key else None
 
     async def ServerLive(self, request, context) -> service_pb2.ServerLiveResponse:
         return service_pb2.ServerLiveResponse(live=True)
@@ -175,7 +175,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             # Counted with /predict's answers, by the HTTP status the same outcome would have had.
             metrics().requests.labels(code=str(status)).inc()
-            _log(status, started)
+            log_access("GRPC", MODEL_INFER_PATH, str(status), started)
         return service_pb2.ModelInferResponse(
             model_name=self.model,
             model_version=MODEL_VERSION,
@@ -188,14 +188,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     def _check_key(self, context: grpc.aio.ServicerContext) -> None:
-        if not self._key:
+        if self._auth is None:
             return
-        metadata = dict(context.invocation_metadata() or ())
-        supplied = metadata.get("x-api-key")  # first, as on HTTP (service/auth.py)
-        bearer = metadata.get("authorization", "")
-        if supplied is None and bearer.lower().startswith("bearer "):
-            supplied = bearer[7:].strip()
-        if supplied is None or not hmac.compare_digest(supplied.encode(), self._key):
+        supplied = ApiKeyAuth.supplied_key(dict(context.invocation_metadata() or ()))
+        if not self._auth.matches(supplied):
             raise OipError(401, "Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
 
     @staticmethod
@@ -204,19 +200,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return check()
         except OipError as exc:
             await context.abort(GRPC_STATUS.get(exc.status_code, grpc.StatusCode.UNKNOWN), exc.message)
-
-
-def _log(status: int, started: float) -> None:
-    if access_logger.isEnabledFor(logging.INFO):
-        duration_ms = (time.perf_counter() - started) * 1e3
-        path = "/inference.GRPCInferenceService/ModelInfer"
-        access_logger.info(
-            "GRPC %s %s %.1fms",
-            path,
-            status,
-            duration_ms,
-            extra={"method": "GRPC", "path": path, "status": status, "duration_ms": round(duration_ms, 2)},
-        )
 
 
 async def start_grpc_server(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
@@ -187,10 +187,14 @@ class OipInferEndpoint:
         await response(scope, receive, send)
 
     async def answer(self, request: Request, name: str, version: str | None) -> Response:
+        return await self.guarded(request, lambda: self.handle(request, name, version))
+
+    async def guarded(self, request: Request, respond: Callable[[], Awaitable[Response]]) -> Response:
+        """``respond()`` behind the API key, its errors in OIP's form; for every route that needs the key."""
         try:
             if self.check_auth is not None:
                 self.check_auth(request)
-            return await self.handle(request, name, version)
+            return await respond()
         except OipError as exc:
             return error_response(exc.status_code, exc.message, exc.headers)
         except HTTPException as exc:  # the key check and the body limit share /predict's
@@ -234,25 +238,14 @@ def add_oip_routes(
 ) -> None:
     """The metadata and health routes, and the infer route for any model name (404 for all but ours)."""
 
-    def guarded(handler: Callable[[], dict]) -> Callable[[Request], Response]:
-        def answer(request: Request) -> Response:
-            try:
-                if endpoint.check_auth is not None:
-                    endpoint.check_auth(request)
-                return JSONResponse(handler())
-            except OipError as exc:
-                return error_response(exc.status_code, exc.message, exc.headers)
-            except HTTPException as exc:
-                return error_response(exc.status_code, str(exc.detail), exc.headers)
-
-        return answer
-
     @app.get("/v2", tags=["Open Inference Protocol"])
     async def server_metadata(request: Request) -> Response:
         """Server metadata: name, version, protocol extensions."""
-        return guarded(lambda: {"name": SERVER_NAME, "version": server_version, "extensions": list(EXTENSIONS)})(
-            request
-        )
+
+        async def describe() -> Response:
+            return JSONResponse({"name": SERVER_NAME, "version": server_version, "extensions": list(EXTENSIONS)})
+
+        return await endpoint.guarded(request, describe)
 
     @app.get("/v2/health/live", tags=["Open Inference Protocol"])
     async def server_live() -> Response:
@@ -271,11 +264,11 @@ def add_oip_routes(
         async def metadata(request: Request, name: str, version: str | None = None) -> Response:
             """Model metadata: its input and outputs."""
 
-            def describe() -> dict:
+            async def describe() -> Response:
                 check_model(name, version, endpoint.model())
-                return model_metadata(endpoint.model(), engine())
+                return JSONResponse(model_metadata(endpoint.model(), engine()))
 
-            return guarded(describe)(request)
+            return await endpoint.guarded(request, describe)
 
         @app.get(prefix + "/ready", tags=["Open Inference Protocol"])
         async def model_ready(name: str, version: str | None = None) -> Response:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
-from preprocessing.base import ImageDecodeError
-from preprocessing.probe import check_image_header
 from service.answers import Answer
 from service.image_dispatch import ImageDispatcher
 from service.metrics import metrics
 from service.oip import InferCall, OipError, failed_items
+from service.request_parsing import header_error
 
 
 async def run_infer(dispatcher: ImageDispatcher, call: InferCall, max_image_pixels: int) -> tuple[list[Answer], float]:
@@ -18,14 +17,7 @@ async def run_infer(dispatcher: ImageDispatcher, call: InferCall, max_image_pixe
 
     Headers are checked first: a request that would fail on a bad header runs none of its images.
     """
-    header_errors: list[Answer | None] = []
-    for image in call.images:
-        try:
-            check_image_header(image, max_image_pixels)
-            header_errors.append(None)
-        except ImageDecodeError as exc:
-            header_errors.append(Answer(status_code=exc.error.status_code, detail=exc.error.detail))
-    failed_items(header_errors)
+    failed_items([header_error(image, max_image_pixels) for image in call.images])
     try:
         answers, total_ms = await dispatcher.classify(call.images, call.worker_top_k)
     except HTTPException as exc:  # shed (503), or more images than could ever be admitted (413)

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.answers import Answer, error_answer, render, render_many
+from service.answers import Answer, render, render_many
 from service.image_dispatch import ImageDispatcher
 from service.metrics import metrics
-from service.request_parsing import RequestLimits, check_image_header, read_predict_request
+from service.request_parsing import RequestLimits, check_image_header, header_error, read_predict_request
 
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
 OPENAPI_EXTRA = {
@@ -110,8 +110,4 @@ class PredictEndpoint:
         """The image, or its own error if its header is bad: one bad image never spoils the others."""
         if isinstance(item, Answer):
             return item
-        try:
-            check_image_header(item, self.limits.max_image_pixels)
-        except HTTPException as exc:
-            return error_answer(exc.status_code, exc.detail)
-        return item
+        return header_error(item, self.limits.max_image_pixels) or item

@@ -161,10 +161,19 @@ def check_image_header(image: bytes, max_image_pixels: int) -> None:
     Only the header is parsed, so a decompression bomb costs microseconds here and never reaches a
     decoder or a queue slot. The worker probes again (it may be fed by other callers).
     """
+    error = header_error(image, max_image_pixels)
+    if error is not None:
+        raise HTTPException(error.status_code, error.detail)
+
+
+def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
+    """The image's own 4xx ``Answer`` if its header is bad or too large, else ``None``: for requests of
+    several images, where one bad image must not fail the others."""
     try:
         check_header(image, max_image_pixels)
     except ImageDecodeError as exc:
-        raise HTTPException(exc.error.status_code, exc.error.detail) from None
+        return error_answer(exc.error.status_code, exc.error.detail)
+    return None
 
 
 async def read_predict_request(request: Request, limits: RequestLimits) -> PredictRequest:

@@ -168,7 +168,7 @@ class VisionLitServer(LitServerBridge):
         async def ready() -> JSONResponse:
             """Readiness: every inference worker has loaded its model and finished warm-up."""
             watch = self.worker_watch
-            is_ready = watch is not None and watch.ready
+            is_ready = self.workers_ready()
             states = watch.named_states() if watch is not None else {}
             return JSONResponse({"ready": is_ready, "workers": states}, status_code=200 if is_ready else 503)
 
@@ -227,9 +227,16 @@ class VisionLitServer(LitServerBridge):
             app,
             oip_endpoint,
             server_version=SERVER_VERSION,
-            engine=lambda: str((self.model_metadata or {}).get("engine", "")),
-            ready=lambda: self.worker_watch is not None and self.worker_watch.ready,
+            engine=self.engine_name,
+            ready=self.workers_ready,
         )
+
+    def workers_ready(self) -> bool:
+        """Every inference worker has loaded its model and warmed up (this HTTP process's view)."""
+        return self.worker_watch is not None and self.worker_watch.ready
+
+    def engine_name(self) -> str:
+        return str((self.model_metadata or {}).get("engine", ""))
 
     def queue_depth(self) -> int:
         """Images admitted and not yet in a running batch, across the server."""
@@ -287,8 +294,8 @@ class VisionLitServer(LitServerBridge):
             self.dispatcher,
             self.limits,
             model=settings.model,
-            engine=lambda: str((self.model_metadata or {}).get("engine", "")),
-            ready=lambda: self.worker_watch is not None and self.worker_watch.ready,
+            engine=self.engine_name,
+            ready=self.workers_ready,
             server_version=SERVER_VERSION,
             api_key=settings.api_key,
         )
