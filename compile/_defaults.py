@@ -17,14 +17,31 @@ EFFICIENTNET_LITE_STD = (128.0 / 255.0,) * 3
 LOG_LEVELS = ("debug", "info", "warning", "error")  # for compile-trt and vision-serve
 
 # ---- compile-trt --------------------------------------------------------------------------------
-BACKENDS = ("auto", "tensorrt", "inductor", "eager")
+BACKENDS = ("auto", "tensorrt", "inductor", "onnx", "eager")
 PRECISIONS = ("fp32", "fp16", "bf16")
-DEFAULT_BACKEND = "auto"  # tensorrt where torch_tensorrt imports and a GPU exists, else inductor
+# A fixed rule from what we measured (docs/compiling.md#which-engine), not a measurement at compile
+# time: tensorrt on a GPU (inductor without torch_tensorrt); on a CPU onnx at fp32, inductor at
+# fp16/bf16 (compile/backends/__init__.py: resolve_compile_backend).
+DEFAULT_BACKEND = "auto"
 DEFAULT_PRECISION = "fp32"
 DEFAULT_DEVICE = "auto"  # cuda:0 if torch sees a GPU, else cpu
 # MIN,OPT,MAX batch: TensorRT tunes its kernels for OPT and accepts MIN..MAX; the server's
 # default --max-batch-size is 32, so the default engine covers every batch it forms.
 DEFAULT_BATCH = (1, 8, 32)
+# What responses and /info call an engine, where the runtime's name differs from the backend's:
+# an onnx artifact is run by ONNX Runtime, so it serves as "onnxruntime-fp32".
+ENGINE_RUNTIME_NAMES = {"onnx": "onnxruntime"}
+
+# ONNX export (compile/backends/onnx.py). Opset 18 is the oldest the dynamo exporter writes, and
+# every ONNX Runtime from 1.14 (Triton 23.02 and later) runs it.
+ONNX_OPSET = 18
+ONNX_INPUT_NAME = "images"
+ONNX_OUTPUT_NAME = "logits"
+# Triton model repository (compile/triton_repository.py): the dynamic batcher takes what is queued
+# and never holds a request to fill a batch, as vision-serve's own default (--batch-timeout-ms 0).
+TRITON_MAX_QUEUE_DELAY_US = 0
+TRITON_LABELS_FILE = "labels.txt"
+
 # Where artifacts go when --output is not given: artifacts/<model>-<backend>-<precision>-<device type>.
 DEFAULT_OUTPUT_ROOT = "artifacts"
 

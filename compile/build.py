@@ -20,11 +20,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from compile import _defaults
-from compile.backends import PRECISION_DTYPES, CompileBackend, PrecisionCast, get_backend, resolve_compile_backend
+from compile.backends import (
+    PRECISION_DTYPES,
+    BackendUnavailable,
+    CompileBackend,
+    PrecisionCast,
+    get_backend,
+    resolve_compile_backend,
+)
 from compile.catalog import ModelEntry, get_model_entry
 from compile.devices import describe_device, parse_device
 from compile.gate import GateReport, gate_inputs, gate_photos, run_gate
@@ -50,6 +58,7 @@ class CompileResult:
     manifest: Manifest
     directory: Path
     cached: bool
+    triton_repository: Path | None = None
 
 
 def resolve_compile_device(device: str, cuda_count: int) -> torch.device:
@@ -131,10 +140,13 @@ class CompilePlan:
 def plan_compile(settings: CompileSettings) -> CompilePlan:
     """Resolve device, backend, model and output; every argument error surfaces here, before any work."""
     device = resolve_compile_device(settings.device, torch.cuda.device_count())
-    backend_name, reason = resolve_compile_backend(settings.backend, device)
+    backend_name, reason = resolve_compile_backend(settings.backend, device, settings.precision)
     backend = get_backend(backend_name)
     backend.check_available(device)
+    backend.check_precision(settings.precision, device)
     entry = get_model_entry(settings.model)
+    if settings.triton_repository:
+        check_triton_export(backend_name, settings.batch, Path(settings.triton_repository).expanduser(), entry.name)
     output = Path(settings.output or default_output(entry.name, backend_name, settings.precision, device))
     output = output.expanduser()
     check_output_dir(output)
@@ -142,7 +154,22 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     return CompilePlan(settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos)
 
 
-def engine_cache_key(plan: CompilePlan, weights_sha256: str, versions: dict, device_info: dict) -> str:
+def check_triton_export(backend_name: str, batch: tuple[int, int, int], repository: Path, model: str) -> None:
+    """Whether ``--triton-repository`` can be written for this compile (an onnx engine, a folder it may
+    write, DALI installed), before any work."""
+    from compile.triton_repository import check_exportable, check_repository
+    from preprocessing.dali_backend import dali_problem
+
+    check_exportable(backend_name, batch)
+    check_repository(repository, model)
+    problem = dali_problem()
+    if problem:
+        raise BackendUnavailable(f"--triton-repository writes a DALI preprocessing model: {problem}")
+
+
+def engine_cache_key(
+    plan: CompilePlan, weights_sha256: str, versions: dict, device_info: dict, backend_config: dict
+) -> str:
     """Everything that makes one artifact differ from another, hashed."""
     settings, entry = plan.settings, plan.entry
     return cache_key(
@@ -154,7 +181,7 @@ def engine_cache_key(plan: CompilePlan, weights_sha256: str, versions: dict, dev
             "preprocess": entry.preprocess.to_dict(),
             "labels_sha256": sha256_text("\n".join(entry.labels)),
             "backend": plan.backend.name,
-            "backend_config": plan.backend.config(settings, plan.device),
+            "backend_config": backend_config,
             "precision": settings.precision,
             "batch": list(settings.batch),
             "device": device_info,
@@ -190,24 +217,36 @@ def compile_artifact(settings: CompileSettings, progress: Progress | None = None
         weights_sha256, sha256_of = weights_digest(loaded)
     versions = library_versions(backend.extra_versions())
     device_info = describe_device(device)
-    key = engine_cache_key(plan, weights_sha256, versions, device_info)
+    backend_config = backend.config(settings, device)
+    key = engine_cache_key(plan, weights_sha256, versions, device_info, backend_config)
     with output_lock(plan.output):
         if not settings.force and (manifest := cached_artifact(plan.output, key, backend)) is not None:
             logger.info("Cache hit: %s already holds this engine (key %s); --force rebuilds it.", plan.output, key)
-            return CompileResult(manifest, plan.output, cached=True)
+            return CompileResult(manifest, plan.output, cached=True, triton_repository=export_triton(plan, manifest))
         staging = plan.output.parent / f"{staging_prefix(plan.output)}{os.getpid()}"
         staging.mkdir(parents=True)
         try:
             manifest = _manifest(
-                settings, entry, loaded, backend, device_info, versions, key, weights_sha256, sha256_of
+                settings, entry, loaded, backend, device_info, versions, key, weights_sha256, sha256_of, backend_config
             )
             manifest = build_and_gate(plan, loaded, manifest, staging, progress)
             write_manifest(staging, manifest)
             _move_into_place(staging, plan.output)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    logger.info("Artifact written to %s in %.1f s", plan.output, time.perf_counter() - started)
-    return CompileResult(manifest, plan.output, cached=False)
+        logger.info("Artifact written to %s in %.1f s", plan.output, time.perf_counter() - started)
+        return CompileResult(manifest, plan.output, cached=False, triton_repository=export_triton(plan, manifest))
+
+
+def export_triton(plan: CompilePlan, manifest: Manifest) -> Path | None:
+    """The Triton model repository of ``--triton-repository``, written from the artifact; None if not asked."""
+    if not plan.settings.triton_repository:
+        return None
+    from compile.triton_repository import write_triton_repository
+
+    repository = Path(plan.settings.triton_repository).expanduser()
+    write_triton_repository(plan.output, manifest, repository)
+    return repository
 
 
 def build_and_gate(
@@ -293,6 +332,7 @@ def _manifest(
     key: str,
     weights_sha256: str,
     sha256_of: str,
+    backend_config: dict[str, Any],
 ) -> Manifest:
     """The manifest as far as it is known before the build; build_and_gate fills in the rest."""
     low, opt, high = settings.batch
@@ -323,6 +363,7 @@ def _manifest(
         compile_settings=settings.as_dict(),
         validation={},
         cache_key=key,
+        backend_config=backend_config,
     )
 
 

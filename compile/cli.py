@@ -18,8 +18,9 @@ EXIT_UNAVAILABLE = 4
 
 _HELP = {
     **SHARED_HELP,
-    "backend": "auto (tensorrt where torch_tensorrt imports and a GPU exists, else inductor), tensorrt, "
-    "inductor (torch.export + AOTInductor) or eager",
+    "backend": "auto (a fixed rule from our measurements: tensorrt on a GPU, onnx on a CPU at fp32, else "
+    "inductor; docs/compiling.md#which-engine), "
+    "tensorrt, inductor (torch.export + AOTInductor), onnx (torch.onnx.export, run by ONNX Runtime) or eager",
     "precision": "fp32, fp16 or bf16 (bf16 uses the AVX-512 bf16 units on CPU)",
     "batch": "MIN,OPT,MAX batch sizes the engine accepts (OPT: what TensorRT tunes for); one number: static",
     "device": "auto, cpu, cuda or cuda:N",
@@ -32,6 +33,8 @@ _HELP = {
     "gate_min_cosine": "override the gate's minimum cosine similarity of logits (0..1)",
     "gate_max_rel_error": "override the gate's maximum relative logit error",
     "force": "recompile even if --output already holds this exact engine",
+    "triton_repository": "also write a Triton model repository into this folder (--backend onnx): the ONNX "
+    "model, a DALI preprocessing model and an ensemble taking JPEG bytes",
 }
 # The gate's threshold overrides: a number each, whose default depends on --precision.
 GATE_OVERRIDES = tuple(f.name for f in fields(CompileSettings) if f.name.startswith("gate_m"))
@@ -63,6 +66,8 @@ def _help_of(f: Field) -> str:
         default = ",".join(map(str, default))
     elif f.name in GATE_OVERRIDES:
         default = "per precision"
+    elif default == "":  # an empty path: the help says what happens without it
+        return _HELP[f.name]
     return f"{_HELP[f.name]} (default: {default})"
 
 
@@ -107,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{result.directory}: {manifest.model} {manifest.engine_name} on {manifest.device_type}, {state}")
     print(f"accuracy gate passed:\n{_summary(manifest.validation)}")
     print(f"serve it: vision-serve --artifact {result.directory}")
+    if result.triton_repository is not None:
+        print(f"Triton model repository: {result.triton_repository} (tritonserver --model-repository ...)")
     return 0
 
 

@@ -44,6 +44,9 @@ def device_problems(manifest: Manifest, device_type: str, device_info: dict[str,
         ]
     if device_info is None:
         return []
+    backend = BACKENDS.get(manifest.backend)
+    if backend is not None and not backend.native_code:
+        return []  # weights or a portable graph: the runtime picks its kernels for the device it runs on
     built, here = manifest.device_capability, device_info.get("capability", "")
     if device_type == "cpu":
         isa_built, isa_here = manifest.device_isa, device_info.get("isa", "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ class Manifest:
     preprocess: PreprocessSpec
     labels_source: str
     labels: tuple[str, ...]
-    backend: str  # "inductor", "tensorrt" or "eager"
+    backend: str  # "inductor", "tensorrt", "onnx" or "eager"
     precision: str
     batch_min: int
     batch_opt: int
@@ -48,11 +48,15 @@ class Manifest:
     compile_settings: dict[str, Any]
     validation: dict[str, Any]
     cache_key: str
+    # The backend's own options that shaped the engine, as hashed into cache_key (ONNX Runtime's
+    # execution providers and session options, TensorRT's builder settings). Added in place: a
+    # manifest written before it reads as {}.
+    backend_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def engine_name(self) -> str:
-        """What responses report in their ``engine`` field, e.g. ``inductor-bf16``."""
-        return f"{self.backend}-{self.precision}"
+        """What responses report in their ``engine`` field, e.g. ``inductor-bf16``, ``onnxruntime-fp32``."""
+        return f"{_defaults.ENGINE_RUNTIME_NAMES.get(self.backend, self.backend)}-{self.precision}"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -69,10 +73,11 @@ class Manifest:
                 "vision-serve reads. Recompile the artifact with this version's compile-trt."
             )
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - data.keys())
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(required - data.keys())
         if missing:
             raise ManifestError(f"Manifest lacks {', '.join(missing)}. Recompile the artifact with compile-trt.")
-        values = {name: data[name] for name in names}
+        values = {name: data[name] for name in names if name in data}
         try:
             values["preprocess"] = PreprocessSpec.from_dict(values["preprocess"])
             values["labels"] = tuple(values["labels"])

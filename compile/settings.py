@@ -41,6 +41,9 @@ class CompileSettings:
     gate_min_top5_overlap: float | None = None
     gate_min_cosine: float | None = None
     gate_max_rel_error: float | None = None
+    # Also write a Triton model repository here (onnx artifacts): the model, a DALI preprocessing
+    # model and an ensemble of the two. Not part of the cache key: it is written from the artifact.
+    triton_repository: str = ""
     force: bool = False
     log_level: str = "info"
 

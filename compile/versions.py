@@ -20,11 +20,21 @@ def package_version(name: str) -> str | None:
         return None
 
 
+# Libraries shipped under more than one distribution name, with one import name: the GPU build of
+# ONNX Runtime is `onnxruntime-gpu`. An artifact records (and a server checks) the library, whichever build.
+DISTRIBUTIONS = {"onnxruntime": ("onnxruntime", "onnxruntime-gpu")}
+
+
+def library_version(name: str) -> str | None:
+    """The installed version of the library ``name``, under any of its distribution names."""
+    return next(filter(None, (package_version(d) for d in DISTRIBUTIONS.get(name, (name,)))), None)
+
+
 def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     """Versions of the libraries an artifact depends on (those installed among ``extra`` too)."""
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("torchvision", *extra):
-        version = package_version(name)
+        version = library_version(name)
         if version is not None:
             versions[name] = version
     if torch.version.cuda:

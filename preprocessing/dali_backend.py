@@ -45,7 +45,6 @@ def build_pipeline(spec: PreprocessSpec, batch_size: int, num_threads: int, devi
     from nvidia.dali import fn, pipeline_def, types
 
     on_gpu = device_id is not None
-    interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
 
     # exec_dynamic + prefetch_queue_depth=1: after a run() fails on a bad image the pipeline stays
     # usable (with the default executor it stays broken, measured with DALI 2.4), and nothing is
@@ -67,26 +66,35 @@ def build_pipeline(spec: PreprocessSpec, batch_size: int, num_threads: int, devi
         images = fn.decoders.image(
             encoded, device="mixed" if on_gpu else "cpu", output_type=types.RGB, adjust_orientation=False
         )
-        images = fn.resize(
-            images,
-            size=(spec.crop_size, spec.crop_size),
-            roi_start=roi_start,
-            roi_end=roi_end,
-            roi_relative=False,
-            interp_type=interp[spec.interpolation],
-            antialias=spec.interpolation != "nearest",
-        )
-        return fn.crop_mirror_normalize(
-            images,
-            mean=[255.0 * m for m in spec.mean],
-            std=[255.0 * s for s in spec.std],
-            output_layout="CHW",
-            dtype=types.FLOAT,
-        )
+        return crop_and_normalize(images, roi_start, roi_end, spec)
 
     pipe = pipeline()
     pipe.build()
     return pipe
+
+
+def crop_and_normalize(images, roi_start, roi_end, spec: PreprocessSpec):
+    """DALI graph nodes: resample the ``roi_start``..``roi_end`` box (source pixels, (y, x)) of each
+    decoded HWC image to the crop size, then normalize to float32 CHW."""
+    from nvidia.dali import fn, types
+
+    interp = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "nearest": types.INTERP_NN}
+    images = fn.resize(
+        images,
+        size=(spec.crop_size, spec.crop_size),
+        roi_start=roi_start,
+        roi_end=roi_end,
+        roi_relative=False,
+        interp_type=interp[spec.interpolation],
+        antialias=spec.interpolation != "nearest",
+    )
+    return fn.crop_mirror_normalize(
+        images,
+        mean=[255.0 * m for m in spec.mean],
+        std=[255.0 * s for s in spec.std],
+        output_layout="CHW",
+        dtype=types.FLOAT,
+    )
 
 
 class DaliPreprocessor(DeviceDecodePreprocessor):

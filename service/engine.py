@@ -32,19 +32,21 @@ class ServedModel:
     batch_min: int = 1
     batch_max: int | None = None  # None: any size
     description: str = ""
+    # The layout the engine reads: channels_last for torch's engines, NCHW for ONNX Runtime.
+    memory_format: torch.memory_format = torch.channels_last
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for ``images``; pads a batch below the engine's minimum and splits one above its maximum."""
         # Compiled engines assume the layout they were traced with (channels_last) and do not check
-        # strides: an NCHW-contiguous batch would give wrong logits. A no-op for channels_last input.
-        images = images.contiguous(memory_format=torch.channels_last)
+        # strides: an NCHW-contiguous batch would give wrong logits. A no-op when it is in that layout.
+        images = images.contiguous(memory_format=self.memory_format)
         count = len(images)
         if self.batch_max is not None and count > self.batch_max:
             return torch.cat([self(images[i : i + self.batch_max]) for i in range(0, count, self.batch_max)])
         if count < self.batch_min:
             # An engine built for MIN..MAX rejects smaller batches: repeat the last image, drop its rows.
             padding = images[-1:].expand(self.batch_min - count, *images.shape[1:])
-            images = torch.cat([images, padding]).contiguous(memory_format=torch.channels_last)
+            images = torch.cat([images, padding]).contiguous(memory_format=self.memory_format)
         return self.run(images)[:count]
 
 
@@ -87,7 +89,8 @@ def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
     directory = Path(directory).expanduser()
     manifest = read_manifest(directory)
     ensure_servable(manifest, directory, device.type, describe_device(device))
-    run = get_backend(manifest.backend).load(directory / manifest.engine_file, manifest, device)
+    backend = get_backend(manifest.backend)
+    run = backend.load(directory / manifest.engine_file, manifest, device)
     return ServedModel(
         entry=entry_from_manifest(manifest),
         engine_name=manifest.engine_name,
@@ -95,6 +98,7 @@ def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
         batch_min=manifest.batch_min,
         batch_max=manifest.batch_max,
         description=f"artifact {directory} ({manifest.weights_source})",
+        memory_format=backend.input_memory_format,
     )
 
 

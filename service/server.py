@@ -389,6 +389,7 @@ def artifact_metadata(directory: str, manifest: Manifest) -> dict:
         "versions": manifest.versions,
         "validation": manifest.validation.get("metrics", {}),
         "cache_key": manifest.cache_key,
+        "backend_config": manifest.backend_config,
     }
 
 

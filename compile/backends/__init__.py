@@ -13,11 +13,13 @@ from compile.backends.base import (
 )
 from compile.backends.eager import EagerBackend
 from compile.backends.inductor import InductorBackend
+from compile.backends.onnx import OnnxBackend, onnx_status
 from compile.backends.tensorrt import TensorRTBackend, torch_tensorrt_status
 
 BACKENDS: dict[str, type[CompileBackend]] = {
     "tensorrt": TensorRTBackend,
     "inductor": InductorBackend,
+    "onnx": OnnxBackend,
     "eager": EagerBackend,
 }
 
@@ -33,15 +35,25 @@ __all__ = [
 ]
 
 
-def resolve_compile_backend(name: str, device: torch.device) -> tuple[str, str]:
-    """``(compile backend, reason)`` for compile-trt's ``--backend`` (``auto`` or a name) on ``device``."""
+def resolve_compile_backend(name: str, device: torch.device, precision: str = "fp32") -> tuple[str, str]:
+    """``(compile backend, reason)`` for compile-trt's ``--backend`` (``auto`` or a name) on ``device``.
+
+    ``auto`` is the fastest engine measured where it runs (docs/compiling.md#which-engine): on a GPU,
+    TensorRT where torch_tensorrt imports, else AOTInductor; on a CPU at fp32, ONNX Runtime (ahead of
+    AOTInductor on both catalog models and every batch size measured); on a CPU at fp16/bf16,
+    AOTInductor (ONNX cannot express a bf16 convolution, and ONNX Runtime's CPU fp16 failed the gate).
+    """
     if name != "auto":
         return name, "chosen explicitly"  # get_backend() rejects an unknown name
-    if device.type != "cuda":
-        return "inductor", f"auto on {device.type}: TensorRT needs a GPU"
-    if torch_tensorrt_status()[0]:
-        return "tensorrt", "auto: torch_tensorrt imports and a GPU is present"
-    return "inductor", "auto: torch_tensorrt is not installed here"
+    if device.type == "cuda":
+        if torch_tensorrt_status()[0]:
+            return "tensorrt", "auto: torch_tensorrt imports and a GPU is present"
+        return "inductor", "auto: torch_tensorrt is not installed here"
+    if precision != "fp32":
+        return "inductor", f"auto on {device.type} at {precision}: ONNX Runtime has no {precision} that passes the gate"
+    if onnx_status()[0]:
+        return "onnx", f"auto on {device.type} at fp32: ONNX Runtime measured fastest"
+    return "inductor", f"auto on {device.type} at fp32: no ONNX Runtime here (pip install 'vision-serve[onnx]')"
 
 
 def get_backend(name: str) -> CompileBackend:

@@ -61,14 +61,20 @@ def example_batch(size: int, crop_size: int, device: torch.device) -> torch.Tens
     return images.to(device).contiguous(memory_format=torch.channels_last)
 
 
-def export_dynamic_batch(module: nn.Module, example: torch.Tensor, batch: tuple[int, int, int]):
-    """``torch.export`` with the batch dimension dynamic over MIN..MAX (static when MIN == MAX)."""
+def batch_dynamic_shapes(batch: tuple[int, int, int]) -> tuple[dict[int, Any]] | None:
+    """``dynamic_shapes`` of a one-input model whose batch dimension spans MIN..MAX; None when static."""
     low, _, high = batch
     if low == high:
-        return torch.export.export(module, (example,), strict=False)
-    # Export specializes a dimension seen with size 1, so the example batch must be >= 2.
-    batch_dim = torch.export.Dim("batch", min=low, max=high)
-    return torch.export.export(module, (example,), dynamic_shapes=({0: batch_dim},), strict=False)
+        return None
+    return ({0: torch.export.Dim("batch", min=low, max=high)},)
+
+
+def export_dynamic_batch(module: nn.Module, example: torch.Tensor, batch: tuple[int, int, int]):
+    """``torch.export`` with the batch dimension dynamic over MIN..MAX (static when MIN == MAX).
+
+    Export specializes a dimension seen with size 1, so the example batch must be >= 2
+    (``export_example_size``)."""
+    return torch.export.export(module, (example,), dynamic_shapes=batch_dynamic_shapes(batch), strict=False)
 
 
 def export_example_size(batch: tuple[int, int, int]) -> int:
@@ -87,6 +93,15 @@ class CompileBackend(ABC):
     runtime_libraries: tuple[str, ...] = ("torch",)
     # Of those, the ones that must match exactly (TensorRT engines deserialize only in their own version).
     exact_version_libraries: tuple[str, ...] = ()
+    # The memory layout the engine reads its input batch in (the server converts to it once).
+    input_memory_format: torch.memory_format = torch.channels_last
+    # Whether the engine holds machine code for the compiling machine's CPU instruction sets or GPU
+    # architecture (AOTInductor, TensorRT), so that it runs only where those are; eager weights and
+    # ONNX graphs run anywhere their runtime does.
+    native_code: bool = True
+
+    def check_precision(self, precision: str, device: torch.device) -> None:  # noqa: B027 - most take every precision
+        """Raise ``BackendUnavailable`` if this backend cannot build ``precision`` engines for ``device``."""
 
     def check_available(self, device: torch.device) -> None:  # noqa: B027 - most backends run anywhere
         """Raise ``BackendUnavailable`` if this backend cannot compile for ``device`` here."""

@@ -17,6 +17,7 @@ class EagerBackend(CompileBackend):
     name = "eager"
     engine_file = "state_dict.pt"
     runtime_libraries = ("torch", "torchvision")
+    native_code = False
 
     def build(
         self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path

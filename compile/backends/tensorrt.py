@@ -23,6 +23,7 @@ from compile.backends.base import (
     BackendUnavailable,
     CompileBackend,
     EngineCallable,
+    batch_dynamic_shapes,
     example_batch,
     export_dynamic_batch,
     export_example_size,
@@ -96,10 +97,9 @@ def tensorrt_compile_kwargs(settings: CompileSettings, device: torch.device) -> 
 
 def tensorrt_save_kwargs(batch: tuple[int, int, int], example: torch.Tensor) -> dict[str, Any]:
     """Keyword arguments of ``torch_tensorrt.save`` that keep the batch dimension dynamic in the file."""
-    low, _, high = batch
     kwargs: dict[str, Any] = {"output_format": "exported_program", "arg_inputs": [example]}
-    if low != high:
-        kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch", min=low, max=high)},)
+    if (shapes := batch_dynamic_shapes(batch)) is not None:
+        kwargs["dynamic_shapes"] = shapes
     return kwargs
 
 

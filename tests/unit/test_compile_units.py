@@ -76,8 +76,15 @@ def test_major_minor_handles_local_and_dev_suffixes() -> None:
     assert major_minor("10") == (10, 0)
 
 
-def test_auto_backend_is_inductor_on_cpu() -> None:
-    assert resolve_compile_backend("auto", torch.device("cpu"))[0] == "inductor"
+def test_auto_backend_on_cpu_is_onnx_at_fp32_and_inductor_below(monkeypatch) -> None:
+    pytest.importorskip("onnxruntime")
+    cpu = torch.device("cpu")
+    assert resolve_compile_backend("auto", cpu)[0] == "onnx"  # this environment has ONNX Runtime
+    assert resolve_compile_backend("auto", cpu, "bf16")[0] == "inductor"
+    assert resolve_compile_backend("auto", cpu, "fp16")[0] == "inductor"
+    monkeypatch.setattr("compile.backends.onnx_status", lambda: (False, "not installed"))
+    backend, reason = resolve_compile_backend("auto", cpu)
+    assert backend == "inductor" and "vision-serve[onnx]" in reason
     assert resolve_compile_backend("eager", torch.device("cpu")) == ("eager", "chosen explicitly")
 
 
