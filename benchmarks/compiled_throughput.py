@@ -1,9 +1,13 @@
 """Model-only throughput of compiled artifacts next to the eager model, at several batch sizes.
 
-    compile-trt --model resnet152 --weights random --output /tmp/r152-fp32
-    compile-trt --model resnet152 --weights random --precision bf16 --output /tmp/r152-bf16
     python -m benchmarks.compiled_throughput --model resnet152 --weights random \\
-        --eager fp32,bf16 --artifacts /tmp/r152-fp32 /tmp/r152-bf16 --batches 1,8,32
+        --backends inductor,onnx --precisions fp32 --batches 1,8,32
+    python -m benchmarks.compiled_throughput --model resnet152 --eager fp32,bf16 --artifacts /tmp/r152-bf16
+
+``--backends`` x ``--precisions`` are compiled with compile-trt into the work folder (a cache hit
+when they are there already; a precision a backend refuses, such as bf16 for onnx, is skipped),
+with MIN,OPT,MAX = 1,8,<largest batch>, so every batch runs as one engine call; ``--artifacts``
+adds artifacts compiled elsewhere.
 
 Engines take turns within each batch size (round-robin over repeats), so slow drift of a shared
 machine hits all of them alike; medians are reported, with ratios to eager fp32 from the same run.
@@ -21,6 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.suite import DEFAULT_WORK_DIR, prepare_inputs
 from compile.backends import PRECISION_DTYPES, PrecisionCast
 from compile.catalog import get_model_entry
 from compile.libstdcxx import restart_with_preload
@@ -79,6 +84,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--eager", default="fp32", help="eager precisions to include, e.g. fp32,bf16")
     parser.add_argument("--artifacts", nargs="*", type=Path, default=[], help="compile-trt artifact directories")
+    parser.add_argument("--backends", default="", help="compile these backends' artifacts too, e.g. inductor,onnx")
+    parser.add_argument("--precisions", default="fp32", help="precisions of the --backends artifacts")
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK_DIR, help="where --backends artifacts are kept")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output-dir", type=Path, default=None)
@@ -87,6 +95,16 @@ def main() -> None:
 
     device = torch.device(args.device)
     entry = get_model_entry(args.model)
+    batches = [int(b) for b in args.batches.split(",")]
+    artifacts = list(args.artifacts)
+    if args.backends:
+        if device.type != "cpu":
+            parser.error("--backends compiles CPU artifacts; compile GPU ones with compile-trt and pass --artifacts")
+        backends, precisions = args.backends.split(","), args.precisions.split(",")
+        batch = (1, min(8, max(batches)), max(batches))
+        inputs = prepare_inputs(entry.name, args.work, args.weights, precisions, backends, batch)
+        artifacts += list(inputs.artifacts.values())
+        args.weights = str(inputs.weights_file)  # the eager engines load what was compiled
     model = load_model(entry, args.weights).module
     engines: dict[str, Callable] = {}
     for precision in filter(None, args.eager.split(",")):
@@ -94,19 +112,18 @@ def main() -> None:
             model if precision == "fp32" else load_model(entry, args.weights).module, precision, device
         )
     manifests = {}
-    for directory in args.artifacts:
+    for directory in artifacts:
         manifest = read_manifest(directory)
         if manifest.model != entry.name:
             parser.error(f"{directory} holds {manifest.model}, not {entry.name}")
-        served = load_artifact(directory, device)
-        engines[manifest.engine_name] = served.run
+        # The ServedModel, as the worker runs it: the batch in the engine's memory layout, then the engine.
+        engines[manifest.engine_name] = load_artifact(directory, device)
         manifests[manifest.engine_name] = {
             "directory": str(directory),
             "compile_seconds": manifest.compile_seconds,
             "batch": [manifest.batch_min, manifest.batch_opt, manifest.batch_max],
             "validation": manifest.validation.get("metrics", {}),
         }
-    batches = [int(b) for b in args.batches.split(",")]
     results = measure(engines, batches, entry.preprocess.crop_size, device, args.repeats)
     title = f"{entry.name} ({args.weights} weights), model only, on {device}"
     text = report(title, results, "eager-fp32")

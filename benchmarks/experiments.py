@@ -66,6 +66,7 @@ VISION_SERVE_CONFIGS = (
     ServerConfig("vision-serve eager fp32"),
     ServerConfig("vision-serve inductor fp32", compiled=True),
     ServerConfig("vision-serve inductor bf16", precision="bf16", compiled=True),
+    ServerConfig("vision-serve onnx fp32", compiled=True, backend="onnx"),
 )
 
 
@@ -160,9 +161,9 @@ def ceiling(opts: Options, rounds: int = 3) -> dict:
     set_worker_threads(device, workers_per_device=1)  # as the served configurations here run
     engines, efficiency = {}, {}
     for config in VISION_SERVE_CONFIGS:
-        if config.compiled and config.precision not in opts.inputs.artifacts:
+        if config.compiled and config.artifact_key not in opts.inputs.artifacts:
             continue
-        artifact = str(opts.inputs.artifacts[config.precision]) if config.compiled else None
+        artifact = str(opts.inputs.artifacts[config.artifact_key]) if config.compiled else None
         served = load_served(opts.inputs.model, str(opts.inputs.weights_file), artifact, device)
         specs = [closed(opts.requests // 2, TARGET_CONCURRENCY), closed(16, 1, warmup=2)]
         per_round = []
@@ -193,7 +194,7 @@ def ceiling(opts: Options, rounds: int = 3) -> dict:
 
 
 def engine_label(config: ServerConfig) -> str:
-    return f"inductor-{config.precision}" if config.compiled else "eager-fp32"
+    return config.artifact_key if config.compiled else "eager-fp32"
 
 
 def _median_ceiling(per_round: list[dict]) -> dict:
@@ -405,8 +406,8 @@ def precision(opts: Options, ceiling_record: dict) -> dict:
         reference = logits_for(reference_model, images)
         engines = {"eager-bf16": _eager_precision(reference_model, torch.bfloat16)}
         if model_name == opts.inputs.model:
-            for p, artifact in opts.inputs.artifacts.items():
-                engines[f"inductor-{p}"] = load_served(model_name, weights, str(artifact), device)
+            for key, artifact in opts.inputs.artifacts.items():
+                engines[key] = load_served(model_name, weights, str(artifact), device)
         agreement[model_name] = {
             "weights": weights,
             "inputs": len(images),
@@ -484,7 +485,7 @@ def torchserve(opts: Options) -> dict:
             results = load_runs(server.predict_url, opts.inputs.images, specs, label)
         runs[label] = {c: run_record(r) for c, r in zip(concurrencies, results, strict=True)}
     for config in VISION_SERVE_CONFIGS:
-        if config.compiled and config.precision not in opts.inputs.artifacts:
+        if config.compiled and config.artifact_key not in opts.inputs.artifacts:
             continue
         runs[config.label] = _serve_sweep(opts, config, concurrencies)
     written = _plots_for(opts, "torchserve", runs, f"{opts.inputs.model}: TorchServe vs vision-serve")
@@ -531,7 +532,7 @@ def triton(opts: Options) -> dict:
         records = measure(peer, opts.inputs.images, specs, TRITON_LABEL)
     runs: dict[str, dict[int, dict]] = {TRITON_LABEL: dict(zip(concurrencies, records, strict=True))}
     for vs_config in VISION_SERVE_CONFIGS:
-        if vs_config.compiled and vs_config.precision not in opts.inputs.artifacts:
+        if vs_config.compiled and vs_config.artifact_key not in opts.inputs.artifacts:
             continue
         runs[vs_config.label] = _serve_sweep(opts, vs_config, concurrencies)
     written = _plots_for(opts, "triton", runs, f"{opts.inputs.model}: Triton vs vision-serve")
@@ -720,6 +721,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK_DIR, help="inputs reused across runs")
     parser.add_argument("--output-dir", type=Path, default=None)
     parser.add_argument("--precisions", default="fp32,bf16", help="CPU artifacts to compile and serve")
+    parser.add_argument("--backends", default="inductor", help="their compile-trt backends, e.g. inductor,onnx")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
@@ -730,7 +732,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     needs_artifacts = args.experiment in ("torchserve", "triton", "ceiling", "precision", "all")
     precisions = [p for p in args.precisions.split(",") if p] if needs_artifacts else []
-    inputs = prepare_inputs(args.model, args.work, args.weights, precisions)
+    backends = [b for b in args.backends.split(",") if b]
+    inputs = prepare_inputs(args.model, args.work, args.weights, precisions, backends)
     opts = Options(inputs, out, args.requests, args.per_process_images)
     started = time.perf_counter()
     chosen = RUN_ALL if args.experiment == "all" else (args.experiment,)

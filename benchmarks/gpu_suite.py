@@ -41,6 +41,7 @@ from benchmarks.noop_server import noop_server
 from benchmarks.suite import (
     DEFAULT_WORK_DIR,
     ServerConfig,
+    artifact_key,
     compile_artifact,
     markdown_table,
     prepare_inputs,
@@ -198,7 +199,7 @@ def main() -> None:
     # Later steps need the artifact: compile_artifact is a cache hit when an earlier run built it.
     artifact = _step(record, "compile", compile_step, out) if steps & {"compile", "ceiling", "serve"} else None
     if artifact is not None:
-        inputs.artifacts[args.precision] = artifact
+        inputs.artifacts[artifact_key("auto", args.precision)] = artifact
 
     def ceiling_step() -> dict:
         found = {}
@@ -237,7 +238,9 @@ def main() -> None:
     if artifact is not None:
         label = f"vision-serve: {record['compile']['engine']} + GPU preprocessing"
         configs = {
-            label: ServerConfig("compiled", args.device, args.precision, compiled=True, max_batch_size=GPU_MAX_BATCH),
+            label: ServerConfig(
+                "compiled", args.device, args.precision, compiled=True, backend="auto", max_batch_size=GPU_MAX_BATCH
+            ),
             **configs,
         }
     record.setdefault("sweeps", {})

@@ -19,7 +19,9 @@ import torch
 
 from benchmarks.images import read_images, write_benchmark_images
 from benchmarks.loadgen import LoadResult, LoadSpec, format_summary, run_load
+from compile.backends import BackendUnavailable, get_backend
 from compile.catalog import get_model_entry
+from compile.cli import EXIT_GATE_FAILED
 from compile.weights import load_model
 from service.process import ServerProcess
 
@@ -43,15 +45,27 @@ class Inputs:
     work: Path
     images_dir: Path
     weights_file: Path
-    artifacts: dict[str, Path] = field(default_factory=dict)  # precision -> compile-trt artifact (CPU, inductor)
+    artifacts: dict[str, Path] = field(default_factory=dict)  # artifact_key(backend, precision) -> artifact
 
     @property
     def images(self) -> list[bytes]:
         return read_images(self.images_dir)
 
 
-def prepare_inputs(model: str, work: Path, weights: str = "random", precisions: Sequence[str] = ()) -> Inputs:
-    """Photos, a weights file and one AOTInductor artifact per precision in ``precisions``."""
+def artifact_key(backend: str, precision: str) -> str:
+    """How ``Inputs.artifacts`` names an artifact: ``inductor-fp32``, ``onnx-fp32``."""
+    return f"{backend}-{precision}"
+
+
+def prepare_inputs(
+    model: str,
+    work: Path,
+    weights: str = "random",
+    precisions: Sequence[str] = (),
+    backends: Sequence[str] = ("inductor",),
+    batch: tuple[int, int, int] = (1, CPU_MAX_BATCH, CPU_MAX_BATCH),
+) -> Inputs:
+    """Photos, a weights file and one CPU artifact per backend and precision (those the backend builds)."""
     work.mkdir(parents=True, exist_ok=True)
     images_dir = work / "images"
     if not images_dir.is_dir():
@@ -65,8 +79,21 @@ def prepare_inputs(model: str, work: Path, weights: str = "random", precisions: 
         loaded = load_model(get_model_entry(model), weights)
         torch.save(loaded.module.state_dict(), weights_file)
     inputs = Inputs(model, work, images_dir, weights_file)
-    for precision in precisions:
-        inputs.artifacts[precision] = compile_artifact(inputs, precision)
+    for backend in backends:
+        for precision in precisions:
+            try:
+                get_backend(backend).check_precision(precision, torch.device("cpu"))
+            except BackendUnavailable as exc:
+                logger.warning("No %s %s artifact: %s", backend, precision, exc)
+                continue
+            try:
+                artifact = compile_artifact(inputs, precision, backend=backend, batch=batch)
+            except subprocess.CalledProcessError as exc:
+                if exc.returncode != EXIT_GATE_FAILED:
+                    raise
+                logger.warning("No %s %s artifact: it failed the accuracy gate (above).", backend, precision)
+                continue
+            inputs.artifacts[artifact_key(backend, precision)] = artifact
     return inputs
 
 
@@ -79,7 +106,8 @@ def compile_artifact(
 ) -> Path:
     """``compile-trt`` into the work folder; instant when the artifact is already there (its cache key)."""
     device_suffix = "" if device == "cpu" else f"-{device.split(':')[0]}"
-    output = inputs.work / f"{inputs.model}-{backend}-{precision}{device_suffix}"
+    batch_suffix = "" if batch == (1, CPU_MAX_BATCH, CPU_MAX_BATCH) else "-batch" + "-".join(map(str, batch))
+    output = inputs.work / f"{inputs.model}-{backend}-{precision}{device_suffix}{batch_suffix}"
     command = [
         sys.executable, "-m", "compile.cli", "--model", inputs.model, "--weights", str(inputs.weights_file),
         "--backend", backend, "--precision", precision, "--device", device, "--batch", ",".join(map(str, batch)),
@@ -97,16 +125,21 @@ class ServerConfig:
     label: str
     device: str = "cpu"
     precision: str = "fp32"
-    compiled: bool = False  # serve the AOTInductor artifact of ``precision`` instead of the eager model
+    compiled: bool = False  # serve the ``backend`` artifact of ``precision`` instead of the eager model
+    backend: str = "inductor"
     max_batch_size: int = CPU_MAX_BATCH
     batch_timeout_ms: float | None = None  # None: the server's default
     workers_per_device: int = 1
     preprocess: str | None = None  # None: the server's default (auto)
     extra_args: tuple[str, ...] = ()
 
+    @property
+    def artifact_key(self) -> str:
+        return artifact_key(self.backend, self.precision)
+
     def args(self, inputs: Inputs) -> list[str]:
         if self.compiled:
-            source = ["--artifact", str(inputs.artifacts[self.precision])]
+            source = ["--artifact", str(inputs.artifacts[self.artifact_key])]
         elif self.precision == "fp32":
             source = ["--model", inputs.model, "--weights", str(inputs.weights_file)]
         else:

@@ -320,3 +320,26 @@ def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
     rows = [to_row("predict-1", 64, raw, cpu_s=1.0), to_row("predict-64", 1, raw, cpu_s=16.0)]
     assert rows[1].images_per_s == 320.0 and rows[1].server_cpu_ms_per_image == 25.0
     assert "`predict-64` x1: 64.00x the images per second, 0.25x the server CPU per image" in render(rows, 2.0)
+
+
+def test_served_configs_name_their_artifact_by_backend_and_precision(tmp_path) -> None:
+    from benchmarks.experiments import VISION_SERVE_CONFIGS, engine_label
+    from benchmarks.suite import Inputs
+
+    inputs = Inputs("resnet152", tmp_path, tmp_path / "images", tmp_path / "w.pt")
+    inputs.artifacts = {"inductor-fp32": tmp_path / "a", "onnx-fp32": tmp_path / "b"}
+    by_label = {config.label: config for config in VISION_SERVE_CONFIGS}
+    onnx = by_label["vision-serve onnx fp32"]
+    args = onnx.args(inputs)
+    assert args[args.index("--artifact") + 1] == str(tmp_path / "b") and engine_label(onnx) == "onnx-fp32"
+    assert engine_label(by_label["vision-serve eager fp32"]) == "eager-fp32"
+
+
+def test_precisions_a_backend_refuses_are_skipped_without_compiling(tmp_path, caplog) -> None:
+    from benchmarks.suite import prepare_inputs
+
+    (tmp_path / "images").mkdir()
+    torch.save({}, tmp_path / "resnet152-random-v2.pt")  # the weights file exists: nothing to build
+    inputs = prepare_inputs("resnet152", tmp_path, "random", ["bf16"], ["onnx"])
+    assert inputs.artifacts == {}
+    assert "No onnx bf16 artifact" in caplog.text
