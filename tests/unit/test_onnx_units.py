@@ -246,7 +246,7 @@ def test_an_onnx_artifact_runs_on_any_cpu_but_needs_its_onnxruntime(tmp_path) ->
     (problem,) = version_problems(manifest, {"onnxruntime": "1.30.0", "torch": "2.14.0"})
     assert "onnxruntime 1.32.0" in problem and "Recompile" in problem
     (missing,) = version_problems(manifest, {"torch": "2.14.0"})
-    assert "not installed here" in missing
+    assert "not installed here" in missing and "vision-serve[onnx]" in missing
     # Nor to the GPU it was gated on: the same file runs on any GPU the CUDA provider supports.
     on_h100 = dataclasses.replace(manifest, device_type="cuda", device_name="NVIDIA H100", device_capability="sm_90")
     assert device_problems(on_h100, "cuda", {"type": "cuda", "name": "NVIDIA L4", "capability": "sm_89"}) == []
