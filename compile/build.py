@@ -135,6 +135,7 @@ class CompilePlan:
     output: Path
     thresholds: dict[str, float]
     photos: list[tuple[str, bytes]]
+    triton_repository: Path | None  # --triton-repository, resolved; None when not asked
 
 
 def plan_compile(settings: CompileSettings) -> CompilePlan:
@@ -145,13 +146,16 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     backend.check_available(device)
     backend.check_precision(settings.precision, device)
     entry = get_model_entry(settings.model)
-    if settings.triton_repository:
-        check_triton_export(backend_name, settings.batch, Path(settings.triton_repository).expanduser(), entry.name)
+    triton_repository = Path(settings.triton_repository).expanduser() if settings.triton_repository else None
+    if triton_repository is not None:
+        check_triton_export(backend_name, settings.batch, triton_repository, entry.name)
     output = Path(settings.output or default_output(entry.name, backend_name, settings.precision, device))
     output = output.expanduser()
     check_output_dir(output)
     photos = gate_photos(settings.gate_images)
-    return CompilePlan(settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos)
+    return CompilePlan(
+        settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos, triton_repository
+    )
 
 
 def check_triton_export(backend_name: str, batch: tuple[int, int, int], repository: Path, model: str) -> None:
@@ -240,13 +244,12 @@ def compile_artifact(settings: CompileSettings, progress: Progress | None = None
 
 def export_triton(plan: CompilePlan, manifest: Manifest) -> Path | None:
     """The Triton model repository of ``--triton-repository``, written from the artifact; None if not asked."""
-    if not plan.settings.triton_repository:
+    if plan.triton_repository is None:
         return None
     from compile.triton_repository import write_triton_repository
 
-    repository = Path(plan.settings.triton_repository).expanduser()
-    write_triton_repository(plan.output, manifest, repository)
-    return repository
+    write_triton_repository(plan.output, manifest, plan.triton_repository)
+    return plan.triton_repository
 
 
 def build_and_gate(

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from compile.backends import BACKENDS
-from compile.backends.onnx import INSTALL_HINT
-from compile.backends.tensorrt import TENSORRT_HOME
 from compile.devices import cpu_capability_runs_here, cpu_isa_runs_here
 from compile.manifest import Manifest
 from compile.versions import major_minor
-
-ONNX_INSTALL = f"Install it: {INSTALL_HINT}."
 
 
 def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[str]:
@@ -24,8 +20,7 @@ def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[
         if built is None:
             continue
         if here is None:
-            hint = {"torch_tensorrt": TENSORRT_HOME, "tensorrt": TENSORRT_HOME, "onnxruntime": ONNX_INSTALL}
-            hint = f" {hint[library]}" if library in hint else ""
+            hint = f" {backend.install_hint}" if backend.install_hint else ""
             problems.append(f"it needs {library} {built}, which is not installed here.{hint}")
             continue
         exact = library in backend.exact_version_libraries

@@ -49,11 +49,13 @@ def resolve_compile_backend(name: str, device: torch.device, precision: str = "f
         if torch_tensorrt_status()[0]:
             return "tensorrt", "auto: torch_tensorrt imports and a GPU is present"
         return "inductor", "auto: torch_tensorrt is not installed here"
-    if precision != "fp32":
+    try:
+        OnnxBackend().check_precision(precision, device)
+    except BackendUnavailable:
         return "inductor", f"auto on {device.type} at {precision}: ONNX Runtime has no {precision} that passes the gate"
     if onnx_status()[0]:
-        return "onnx", f"auto on {device.type} at fp32: ONNX Runtime measured fastest"
-    return "inductor", f"auto on {device.type} at fp32: no ONNX Runtime here (pip install 'vision-serve[onnx]')"
+        return "onnx", f"auto on {device.type} at {precision}: ONNX Runtime measured fastest"
+    return "inductor", f"auto on {device.type} at {precision}: no ONNX Runtime here (pip install 'vision-serve[onnx]')"
 
 
 def get_backend(name: str) -> CompileBackend:

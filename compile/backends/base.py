@@ -93,6 +93,8 @@ class CompileBackend(ABC):
     runtime_libraries: tuple[str, ...] = ("torch",)
     # Of those, the ones that must match exactly (TensorRT engines deserialize only in their own version).
     exact_version_libraries: tuple[str, ...] = ()
+    # What to tell a server that lacks one of the runtime libraries (empty: nothing beyond the name).
+    install_hint: str = ""
     # The memory layout the engine reads its input batch in (the server converts to it once).
     input_memory_format: torch.memory_format = torch.channels_last
     # Whether the engine holds machine code for the compiling machine's CPU instruction sets or GPU

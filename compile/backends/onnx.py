@@ -207,6 +207,7 @@ class OnnxBackend(CompileBackend):
     name = "onnx"
     engine_file = "model.onnx"
     runtime_libraries = ("onnxruntime",)
+    install_hint = f"Install it: {INSTALL_HINT}."
     input_memory_format = torch.contiguous_format
     native_code = False  # ONNX Runtime picks its kernels for the device it runs on
 

@@ -108,6 +108,7 @@ class TensorRTBackend(CompileBackend):
     engine_file = "model.ep"
     runtime_libraries = ("torch", "torch_tensorrt", "tensorrt")
     exact_version_libraries = ("tensorrt",)  # we build with version_compatible=False
+    install_hint = TENSORRT_HOME
 
     def check_available(self, device: torch.device) -> None:
         importable, reason = torch_tensorrt_status()
