@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem, DeviceItemsFailed
-from preprocessing.geometry import orient, stored_resize_and_crop
+from preprocessing.geometry import orient_rows, stored_resize_and_crop
 from preprocessing.spec import PreprocessSpec
 
 # crop_flip_normalize_reformat flips with codes 0, 1 and -1; any other code means "no flip".
@@ -110,6 +110,4 @@ class CvcudaPreprocessor(DeviceDecodePreprocessor):
             stream=stream,
         )
         rows = torch.as_tensor(out.cuda(), device=self.device)
-        if all(item.probe.orientation == 1 for item in items):
-            return rows
-        return torch.stack([orient(row, item.probe.orientation) for row, item in zip(rows, items, strict=True)])
+        return orient_rows(rows, [item.probe.orientation for item in items])

@@ -23,7 +23,7 @@ import torch
 
 from preprocessing import _defaults
 from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem
-from preprocessing.geometry import orient, stored_box
+from preprocessing.geometry import orient_rows, stored_box
 from preprocessing.spec import PreprocessSpec
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,4 @@ class DaliPreprocessor(DeviceDecodePreprocessor):
         rows = torch.empty(dense.shape(), dtype=torch.float32, device=self.device)
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         feed_ndarray(dense, rows, cuda_stream=stream)
-        for row, item in enumerate(items):
-            if item.probe.orientation != 1:
-                rows[row] = orient(rows[row], item.probe.orientation)
-        return rows
+        return orient_rows(rows, [item.probe.orientation for item in items])

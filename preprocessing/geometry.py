@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -96,3 +97,15 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     if orientation == 8:
         return torch.rot90(image, k=1, dims=height_width)  # 90 degrees counter-clockwise
     return image
+
+
+def orient_rows(rows: torch.Tensor, orientations: Sequence[int]) -> torch.Tensor:
+    """An N x C x H x W batch of square crops with row ``i`` turned upright under ``orientations[i]``.
+
+    A new tensor, never an in-place write: a transposed crop is a view of the row it came from, and
+    writing it back onto that row overlaps (torch refuses it), which once sent every orientation-5
+    photo of the DALI backend to the Pillow fallback.
+    """
+    if all(orientation == 1 for orientation in orientations):
+        return rows
+    return torch.stack([orient(row, orientation) for row, orientation in zip(rows, orientations, strict=True)])

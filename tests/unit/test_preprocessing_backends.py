@@ -188,7 +188,11 @@ def test_exif_orientation_matches_pil(name: str, device: str, orientation: int) 
     upright_reference = preprocessor("pil", "cpu")([encode(upright, quality=95)]).images
     reference = preprocessor("pil", "cpu")([tagged]).images
     assert (reference - upright_reference).abs().mean().item() < 0.03  # Pillow turns it upright
+    before = dataclasses.replace(preprocessor(name, device).counts)
     assert_close_to_pil(preprocessor(name, device)([tagged]).images, reference, device)
+    # The device path answered: a device failure falls back to Pillow, which also gets it right, so
+    # parity alone would not see a backend that cannot rotate (DALI's orientation 5, once).
+    assert preprocessor(name, device).counts == dataclasses.replace(before, device=before.device + 1)
 
 
 @pytest.mark.parametrize(("name", "device"), DEVICE_BACKENDS)
