@@ -56,7 +56,7 @@ class GateReport:
         for name, value in self.metrics.items():
             threshold = self.thresholds.get(name)
             if threshold is None:
-                lines.append(f"  {name:<22} {value:.6g}")
+                lines.append(f"  {name:<22} {value:.6g}" + ("  (not gated)" if name in HIGHER_IS_BETTER else ""))
                 continue
             relation = ">=" if HIGHER_IS_BETTER[name] else "<="
             verdict = "FAIL" if any(f.startswith(name) for f in self.failures) else "ok"

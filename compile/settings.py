@@ -71,7 +71,10 @@ class CompileSettings:
             raise ValueError(f"--gate-max-rel-error must be >= 0, got {self.gate_max_rel_error}.")
 
     def gate_thresholds(self) -> dict[str, float]:
+        """The precision's thresholds (logit measures only for random weights), then the overrides."""
         thresholds = dict(_defaults.GATE_THRESHOLDS[self.precision])
+        if self.weights == "random":
+            thresholds = {k: v for k, v in thresholds.items() if k in _defaults.RANDOM_WEIGHTS_GATED}
         overrides = {
             "top1_agreement": self.gate_min_top1_agreement,
             "top5_overlap": self.gate_min_top5_overlap,

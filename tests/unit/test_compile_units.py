@@ -25,7 +25,7 @@ from compile.backends.tensorrt import (
 )
 from compile.compat import device_problems, version_problems
 from compile.devices import cpu_capability_runs_here
-from compile.gate import compare_logits, gate_batch_sizes, threshold_failures
+from compile.gate import GateInputs, compare_logits, gate_batch_sizes, run_gate, threshold_failures
 from compile.manifest import ManifestError, cache_key, read_manifest
 from compile.progress import Progress
 from compile.settings import CompileSettings, parse_batch
@@ -109,6 +109,49 @@ def test_gate_thresholds_follow_precision_and_overrides() -> None:
     assert CompileSettings(precision="bf16").gate_thresholds() == _defaults.GATE_THRESHOLDS["bf16"]
     custom = CompileSettings(precision="fp16", gate_min_cosine=0.5).gate_thresholds()
     assert custom["cosine"] == 0.5 and custom["max_rel_error"] == _defaults.GATE_THRESHOLDS["fp16"]["max_rel_error"]
+
+
+class NearlyTiedLogits(torch.nn.Module):
+    """Logits like a random model's: within +-0.3, with the top two classes 5e-4 apart on every input."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits = images.mean(dim=(2, 3)).repeat(1, 4)[:, :10]  # [N, 10], about +-0.3
+        logits[:, 0] = logits.amax(dim=1) + 5e-4
+        return logits
+
+
+def test_random_weights_gate_on_logits_so_rounding_noise_at_near_ties_cannot_fail_it() -> None:
+    """An fp16-sized error (1e-3) flips the top-1 of nearly tied logits on every input: with real
+    weights that fails the gate; with random weights (meaningless ranks) only the logits are gated."""
+    reference = NearlyTiedLogits()
+
+    def engine(images: torch.Tensor) -> torch.Tensor:
+        logits = reference(images)
+        logits[:, 0] -= 1e-3  # now just below the runner-up
+        return logits
+
+    images = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    inputs = GateInputs(images, [f"random-{i}" for i in range(6)], real_count=0)
+
+    def gate(weights: str):
+        thresholds = CompileSettings(weights=weights, precision="fp16").gate_thresholds()
+        labels = tuple(str(i) for i in range(10))
+        return run_gate(engine, reference, inputs, (1, 2, 3), thresholds, torch.device("cpu"), labels)
+
+    trained = gate("imagenet")
+    assert trained.metrics["top1_agreement"] == 0.0
+    assert trained.failures[0].startswith("top1_agreement = 0, needs >= 0.95")
+    random_weights = gate("random")
+    assert random_weights.passed, random_weights.failures
+    assert set(random_weights.thresholds) == set(_defaults.RANDOM_WEIGHTS_GATED)
+    assert "top1_agreement         0  (not gated)" in random_weights.summary()
+    # The logit measures still bind: an engine that computes something else fails.
+    broken = run_gate(lambda x: -reference(x), reference, inputs, (1, 2, 3), random_weights.thresholds,
+                      torch.device("cpu"), tuple(str(i) for i in range(10)))  # fmt: skip
+    assert [f.split(" ")[0] for f in broken.failures] == ["cosine", "max_rel_error"]
+    # An explicit flag still applies to random weights.
+    forced = CompileSettings(weights="random", precision="fp16", gate_min_top1_agreement=0.9).gate_thresholds()
+    assert forced["top1_agreement"] == 0.9
 
 
 def test_compare_logits_identical_and_disagreeing() -> None:
