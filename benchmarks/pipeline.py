@@ -71,6 +71,9 @@ class StandInAPI:
     def to_answer(self, output: Any) -> Answer:
         return Answer(batch_size=1)
 
+    def unusable_device(self) -> str | None:
+        return None
+
 
 def images_per_second(api: Any, requests: list[ImageRequest], depth: int) -> float:
     """All ``requests`` queued, the loop started; the rate at which their answers come back."""

@@ -9,6 +9,8 @@ torchvision's batched ``decode_jpeg``), so a failed batch is split in halves and
 failing items stand alone; those go to Pillow, which either decodes them (an image the device
 decoder cannot handle) or names what is wrong with them (a corrupt one). Every good image of the
 batch still gets its answer, at the cost of about ``2 * log2(batch)`` extra device calls per bad item.
+A failure that broke the device itself (a sticky CUDA error) is raised as ``DeviceUnusable`` instead:
+no image is to blame, and the worker must be replaced (service/batching.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from preprocessing import _defaults
 from preprocessing.base import ImageDecodeError, ImageError, Normalizer, PreparedBatch, Preprocessor
+from preprocessing.device_health import DeviceUnusable, unusable_device
 from preprocessing.geometry import CropPlan, plan_crop
 from preprocessing.pil_backend import PilPreprocessor
 from preprocessing.probe import ImageProbe, probe_image
@@ -156,6 +159,10 @@ class DeviceDecodePreprocessor(Preprocessor):
             pieces, rest_failed = self._decode_isolating(rest)
             return pieces, failed + rest_failed
         except Exception as exc:  # the decoders raise RuntimeError subclasses of their own
+            unusable = unusable_device(self.device)
+            if unusable is not None:
+                # Not the images: every retry and the Pillow upload would fail the same way.
+                raise DeviceUnusable(unusable) from exc
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if len(items) == 1:
                 self.counts.device_failed += 1

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from PIL import Image
 
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
+from preprocessing.device_health import unusable_device
 from service.answers import Answer, render
 from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager, set_worker_threads
 from service.heap import HeapTrimmer, freeze_startup_objects
@@ -210,6 +211,10 @@ class ClassifierAPI(ls.LitAPI):
             results[i].predictions = list(zip(indices[row], probabilities[row], strict=True))[: batch.top_k[i]]
             results[i].timings_ms["inference"] = inference_ms
         return results
+
+    def unusable_device(self) -> str | None:
+        """After a failure: why this worker's device no longer runs work, or None (service/batching.py)."""
+        return unusable_device(self.torch_device)
 
     def to_answer(self, output: ItemResult) -> Answer:
         """The compact answer vision-serve's worker loop sends to the HTTP process."""

@@ -11,19 +11,29 @@ requests that queued while the model was busy.
 Requests whose deadline passed while queued are answered 504 here, counted in
 ``vision_serve_requests_expired_total`` and logged as one summary line at most every few seconds.
 
-The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path. It
-needs a LitAPI with ``to_answer`` (service/api.py): each output becomes a compact ``Answer``.
+The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path. What
+it needs of the model is ``BatchedModel`` (service/api.py implements it): each output becomes a
+compact ``Answer``.
+
+A batch that fails answers 500 and the worker goes on, unless the failure broke the device itself
+(a sticky CUDA error: every later call would fail too). Then the batch is answered 503 (retry-safe)
+and the process exits with ``EXIT_DEVICE_UNUSABLE``, so the main process starts a new worker with a
+new CUDA context (service/worker_watch.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from service.answers import error_answer
+from preprocessing.device_health import DeviceUnusable
+from service.answers import RETRY_HEADERS, Answer, error_answer
 from service.channels import ChannelConfig, RequestMessage, WorkerChannel
 from service.litserve_bridge import WorkerLoop
 from service.metrics import metrics
@@ -34,8 +44,41 @@ logger = logging.getLogger(__name__)
 # wakes at once when a request arrives, so this only bounds idle wake-ups.
 IDLE_WAIT_S = 1.0
 EXPIRED_LOG_INTERVAL_S = 10.0
+# How long a pipelined loop that stops waits for its prepare thread (which waits IDLE_WAIT_S at most
+# for requests, then finishes the batch it prepares).
+PREPARE_STOP_TIMEOUT_S = 5.0
 
 MODEL_FAILED = "The model failed on the batch this request was in; see the server log. Retrying may work."
+DEVICE_FAILED = (
+    "The inference worker's device failed on the batch this request was in and the worker is being "
+    "restarted. The request was not completed; retrying it is safe."
+)
+# A worker's exit code when its device broke (sysexits' EX_SOFTWARE); the main process restarts it.
+EXIT_DEVICE_UNUSABLE = 70
+# How long a worker that exits gives its last answers to leave.
+EXIT_ANSWER_LINGER_MS = 2000
+
+
+class BatchedModel(Protocol):
+    """What the loop needs of the model it serves (service/api.py: ``ClassifierAPI``)."""
+
+    max_batch_size: int
+    batch_timeout: float  # seconds
+    request_timeout: float | bool | None  # seconds; -1, False or None: no deadline
+
+    def decode_request(self, request: Any) -> Any: ...
+
+    def batch(self, inputs: list[Any]) -> Any: ...
+
+    def predict(self, x: Any) -> Any: ...
+
+    def unbatch(self, output: Any) -> list[Any]: ...
+
+    def to_answer(self, output: Any) -> Answer: ...
+
+    def unusable_device(self) -> str | None:
+        """After a failure: why the device can no longer run work (a sticky CUDA error), or None."""
+        ...
 
 
 class GreedyBatchedLoop(WorkerLoop):
@@ -49,17 +92,25 @@ class GreedyBatchedLoop(WorkerLoop):
     1 / max(prepare, predict) instead of 1 / (prepare + predict).
     """
 
-    def __init__(self, channels: ChannelConfig, running: Any = None, pipeline_depth: int = 1) -> None:
+    def __init__(
+        self,
+        channels: ChannelConfig,
+        running: Any = None,
+        pipeline_depth: int = 1,
+        exit_process: Callable[[int], object] = os._exit,
+    ) -> None:
+        """``exit_process``: how the worker ends when its device broke (tests pass their own)."""
         super().__init__()
         if pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be >= 1 (1: no overlap), got {pipeline_depth}.")
         self.channels = channels
         self.running = running
         self.pipeline_depth = pipeline_depth
+        self.exit_process = exit_process
         self._expired_unlogged = 0
         self._expired_logged_at = 0.0
 
-    def serve(self, lit_api: Any, worker_id: int) -> None:
+    def serve(self, lit_api: BatchedModel, worker_id: int) -> None:
         channel = WorkerChannel(self.channels, worker_id)
         try:
             if self.pipeline_depth > 1:
@@ -69,11 +120,18 @@ class GreedyBatchedLoop(WorkerLoop):
                     batch = self.get_batch(lit_api, channel)
                     if batch:
                         self.run_batch(lit_api, channel, worker_id, batch)
+        except DeviceUnusable:
+            channel.close(EXIT_ANSWER_LINGER_MS)  # the failed batch's 503s are queued: let them leave
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            # os._exit, not an exception up through LitServe: interpreter shutdown would run CUDA
+            # teardown on the broken context, and the prepare thread may be inside a CUDA call.
+            self.exit_process(EXIT_DEVICE_UNUSABLE)
         finally:
             channel.close()
 
     def serve_pipelined(
-        self, lit_api: Any, channel: WorkerChannel, worker_id: int, stop: threading.Event | None = None
+        self, lit_api: BatchedModel, channel: WorkerChannel, worker_id: int, stop: threading.Event | None = None
     ) -> None:
         """Prepare in a thread, run here; returns only when ``stop`` is set (tests, benchmarks)."""
         stop = stop or threading.Event()
@@ -90,15 +148,24 @@ class GreedyBatchedLoop(WorkerLoop):
 
         thread = threading.Thread(target=prepare_batches, name="vision-serve-prepare", daemon=True)
         thread.start()
-        while not stop.is_set() or not prepared.empty():
-            try:
-                batch, ready = prepared.get(timeout=IDLE_WAIT_S)
-            except queue.Empty:
-                continue
-            self.finish(lit_api, channel, worker_id, batch, ready)
-        thread.join()
+        try:
+            while not stop.is_set() or not prepared.empty():
+                try:
+                    batch, ready = prepared.get(timeout=IDLE_WAIT_S)
+                except queue.Empty:
+                    continue
+                self.finish(lit_api, channel, worker_id, batch, ready)
+        finally:
+            # Also when finish raised (a broken device): the thread must be done with the channel
+            # before it is closed. Bounded: it may be stuck in a call on that device.
+            stop.set()
+            gives_up_at = time.monotonic() + PREPARE_STOP_TIMEOUT_S
+            while thread.is_alive() and time.monotonic() < gives_up_at:
+                with contextlib.suppress(queue.Empty):
+                    prepared.get_nowait()  # frees a put that waits on a full queue
+                thread.join(0.05)
 
-    def get_batch(self, lit_api: Any, channel: WorkerChannel) -> list[RequestMessage]:
+    def get_batch(self, lit_api: BatchedModel, channel: WorkerChannel) -> list[RequestMessage]:
         """Up to ``max_batch_size`` requests; ``[]`` after ``IDLE_WAIT_S`` with none.
 
         Expired requests are answered 504 here and left out.
@@ -136,20 +203,27 @@ class GreedyBatchedLoop(WorkerLoop):
             self._note_expired(expired, lit_api.request_timeout)
         return batch
 
-    def run_batch(self, lit_api: Any, channel: WorkerChannel, worker_id: int, batch: list[RequestMessage]) -> None:
+    def run_batch(
+        self, lit_api: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[RequestMessage]
+    ) -> None:
         self.finish(lit_api, channel, worker_id, batch, self.prepare(lit_api, batch))
 
     @staticmethod
-    def prepare(lit_api: Any, batch: list[RequestMessage]) -> Any:
+    def prepare(lit_api: BatchedModel, batch: list[RequestMessage]) -> Any:
         """``lit_api.batch`` of the requests, or the exception it raised (``finish`` answers it)."""
         try:
             return lit_api.batch([lit_api.decode_request(message[3]) for message in batch])
         except Exception as exc:
             return PrepareFailed(exc)
 
-    def finish(self, lit_api: Any, channel: WorkerChannel, worker_id: int, batch: list, ready: Any) -> None:
+    def finish(
+        self, lit_api: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[RequestMessage], ready: Any
+    ) -> None:
+        """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
+        failure broke the device."""
         if self.running is not None:
             self.running[worker_id] = len(batch)
+        unusable = None
         try:
             if isinstance(ready, PrepareFailed):
                 raise ready.error
@@ -158,12 +232,26 @@ class GreedyBatchedLoop(WorkerLoop):
                 raise RuntimeError(f"predict/unbatch gave {len(outputs)} outputs for {len(batch)} requests")
             answers = [lit_api.to_answer(output) for output in outputs]
         except Exception:
-            logger.exception("The model failed on a batch of %d request(s); answering each with 500.", len(batch))
-            answers = [error_answer(500, MODEL_FAILED)] * len(batch)
+            unusable = lit_api.unusable_device()
+            if unusable is None:
+                logger.exception("The model failed on a batch of %d request(s); answering each with 500.", len(batch))
+                answers = [error_answer(500, MODEL_FAILED)] * len(batch)
+            else:
+                logger.critical(
+                    "The device failed on a batch of %d request(s) and no longer runs work (%s). Answering them "
+                    "with 503 and exiting (code %d) so that a new worker starts with a new device context.",
+                    len(batch),
+                    unusable,
+                    EXIT_DEVICE_UNUSABLE,
+                    exc_info=True,
+                )
+                answers = [error_answer(503, DEVICE_FAILED, headers=RETRY_HEADERS)] * len(batch)
         finally:
             if self.running is not None:
                 self.running[worker_id] = 0
         channel.answer_many([(m[0], m[1], answer) for m, answer in zip(batch, answers, strict=True)])
+        if unusable is not None:
+            raise DeviceUnusable(unusable)
 
     def _note_expired(self, count: int, timeout_s: float) -> None:  # from either thread: a few ints
         metrics().requests_expired.inc(count)

@@ -117,8 +117,9 @@ class WorkerChannel:
                 # That HTTP process stopped reading (it is gone): nobody is waiting for these answers.
                 logger.debug("Dropped %d answer(s): HTTP process %d does not read.", len(answered), api_server)
 
-    def close(self) -> None:
-        self._context.destroy(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the sockets; answers still queued get ``linger_ms`` to leave."""
+        self._context.destroy(linger=linger_ms)
 
 
 class ApiChannel:

@@ -9,6 +9,7 @@ import os
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from benchmarks.bad_inputs import bad_inputs
+from service.batching import EXIT_DEVICE_UNUSABLE
 from service.process import ServerProcess
 from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
 
@@ -310,4 +312,34 @@ def test_killed_worker_fails_its_requests_fast_is_restarted_and_serving_resumes(
             time.sleep(0.2)
         assert inference_workers(running)[0].pid != worker.pid
         assert post(running.url, chelsea_jpeg).status_code == 200
+        assert running.stop() == 0
+
+
+def test_a_sticky_device_error_restarts_the_worker_and_serving_resumes_injected(tmp_path, chelsea_jpeg) -> None:
+    """A GPU whose CUDA context broke (an illegal address: injected, tests/sticky_device_server.py)
+    fails every later call: the worker answers its batch 503, exits, and a new one takes over."""
+    fault = tmp_path / "fault"
+    command = (sys.executable, "-m", "tests.sticky_device_server")
+    with ServerProcess([*LITE], log_path=tmp_path / "server.log", env={"STICKY_FAULT_FILE": str(fault)},
+                       command=command) as running:  # fmt: skip
+        worker = inference_workers(running)[0]
+        assert post(running.url, chelsea_jpeg).status_code == 200
+        fault.touch()
+        failed = post(running.url, chelsea_jpeg)
+        assert failed.status_code == 503 and failed.headers["Retry-After"] == "1", failed.text
+        assert "device failed" in failed.json()["detail"] and not fault.exists()
+
+        deadline = time.monotonic() + 180
+        while True:  # the old worker exits, the main process starts a new one, which loads and warms up
+            assert time.monotonic() < deadline, running.log_tail()
+            workers = inference_workers(running)
+            if workers and workers[0].pid != worker.pid and httpx.get(f"{running.url}/ready").status_code == 200:
+                break
+            time.sleep(0.2)
+        served = post(running.url, chelsea_jpeg)
+        assert served.status_code == 200 and served.json()["predictions"][0]["label"] in CAT_LABELS
+        metrics = httpx.get(f"{running.url}/metrics").text
+        assert re.search(r"^vision_serve_worker_restarts_total 1\.0$", metrics, re.M), metrics
+        log = running.log_text()
+        assert "no longer runs work" in log and f"exit code {EXIT_DEVICE_UNUSABLE}" in log
         assert running.stop() == 0

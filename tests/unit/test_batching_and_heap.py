@@ -119,12 +119,20 @@ def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplo
 
 
 class EchoAPI:
-    """batch/predict/unbatch/to_answer of a model that answers each request's text, or fails."""
+    """batch/predict/unbatch/to_answer of a model that answers each request's text, or fails.
+
+    ``device_broken``: after a failure, ``unusable_device`` reports the device unusable, as
+    preprocessing.device_health does after a sticky CUDA error (which a CPU cannot produce).
+    """
 
     max_batch_size, batch_timeout, request_timeout = 8, 0.0, 30.0
 
-    def __init__(self, fail: bool = False, drop_one: bool = False) -> None:
-        self.fail, self.drop_one = fail, drop_one
+    def __init__(self, fail: bool = False, drop_one: bool = False, device_broken: bool = False) -> None:
+        self.fail, self.drop_one, self.device_broken = fail, drop_one, device_broken
+        self.predicted = 0
+
+    def unusable_device(self) -> str | None:
+        return "cuda:0: CUDA error: an illegal memory access was encountered" if self.device_broken else None
 
     def decode_request(self, request: str) -> str:
         return request
@@ -133,6 +141,7 @@ class EchoAPI:
         return inputs
 
     def predict(self, batch: list[str]) -> list[str]:
+        self.predicted += 1
         if self.fail:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return batch[1:] if self.drop_one else batch
@@ -164,6 +173,43 @@ def test_a_failed_batch_answers_every_request_500_and_the_loop_goes_on(wire: Wir
     ]
     assert loop.running == [0], "the running-batch count is cleared after a failure too"
     assert any("The model failed on a batch of 2" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["one-batch-at-a-time", "pipelined"])
+def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_a_restart(tmp_path, depth, caplog):
+    """A sticky CUDA error (injected: no GPU here) must not be swallowed: a worker that went on would
+    answer 500 forever. The batch gets a retry-safe 503, nothing else runs on the broken device, and
+    the worker exits with its code, which the main process answers with a new worker."""
+    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    context = zmq.Context()
+    answers = context.socket(zmq.PULL)
+    answers.bind(config.answer_address(0))
+    sender = context.socket(zmq.PUSH)
+    sender.connect(config.request_address(0))
+    exits: list[int] = []
+    loop = GreedyBatchedLoop(config, running=[0], pipeline_depth=depth, exit_process=exits.append)
+    api = EchoAPI(fail=True, device_broken=True)
+    api.max_batch_size = 2
+    sender.send(pickle.dumps([(0, f"uid-{i}", time.monotonic(), f"request-{i}") for i in range(4)]))
+    worker = threading.Thread(target=loop.serve, args=(api, 0))
+    worker.start()
+    try:
+        worker.join(20)
+        assert not worker.is_alive(), "the worker must end, not go on with a broken device"
+        assert answers.poll(5000)
+        answered = pickle.loads(answers.recv())
+    finally:
+        context.destroy(linger=0)
+    assert exits == [batching.EXIT_DEVICE_UNUSABLE]
+    assert [(uid, a.status_code, a.headers.get("Retry-After")) for uid, a in answered] == [
+        ("uid-0", 503, "1"),
+        ("uid-1", 503, "1"),
+    ]
+    assert answered[0][1].detail == batching.DEVICE_FAILED
+    # The batch after it may have been prepared (depth 2) but never ran: its requests are answered
+    # 503 by the HTTP process when it sees the worker restart (service/worker_watch.py).
+    assert api.predicted == 1
+    assert any(r.levelname == "CRITICAL" and "no longer runs work" in r.getMessage() for r in caplog.records)
 
 
 class CountingTrim:

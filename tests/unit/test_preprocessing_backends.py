@@ -362,3 +362,43 @@ def test_very_large_images_go_to_pillow(monkeypatch: pytest.MonkeyPatch) -> None
     batch = backend([PHOTOS["landscape"], PHOTOS["small"]])
     assert statuses(batch) == [200, 200]
     assert (backend.counts.device, backend.counts.pillow) == (1, 1)
+
+
+class FailingDecoder(DeviceDecodePreprocessor):
+    """A device decoder whose every call fails, as every call does after a sticky CUDA error."""
+
+    name = "always-failing"
+
+    def decode_on_device(self, items):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_failure_that_broke_the_device_is_raised_not_blamed_on_the_images_injected(monkeypatch) -> None:
+    """The device's state is injected (a CPU cannot break a CUDA context): broken, the failure is the
+    worker's to handle (service/batching.py exits it), with no split retries and no Pillow fallback,
+    whose upload to that device would fail too. Healthy, the same error is the images'."""
+    from preprocessing import device_base
+    from preprocessing.device_base import DecodeCounts
+    from preprocessing.device_health import DeviceUnusable
+
+    images = [PHOTOS["landscape"], PHOTOS["square"], PHOTOS["portrait"]]
+    decoder = FailingDecoder(RESNET, "cpu", max_batch_size=4)
+    monkeypatch.setattr(device_base, "unusable_device", lambda device: "cuda:0: CUDA error: an illegal memory access")
+    with pytest.raises(DeviceUnusable, match="illegal memory access"):
+        decoder(images)
+    assert decoder.counts == DecodeCounts()
+    monkeypatch.setattr(device_base, "unusable_device", lambda device: None)
+    assert statuses(decoder(images)) == [200, 200, 200]
+    assert (decoder.counts.device_failed, decoder.counts.split_retries) == (3, 4)
+
+
+def test_unusable_device_is_none_on_a_cpu_and_reports_a_cuda_context_that_fails_injected(monkeypatch) -> None:
+    from preprocessing.device_health import unusable_device
+
+    assert unusable_device("cpu") is None
+
+    def sticky(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)  # the CUDA boundary: no GPU here
+    assert unusable_device("cuda:1") == "cuda:1: CUDA error: an illegal memory access was encountered"
