@@ -23,7 +23,7 @@ import torch
 from benchmarks.images import read_images, write_benchmark_images
 from compile.libstdcxx import restart_with_preload
 from preprocessing import create_preprocessor
-from service.engine import ServedModel, load_artifact, load_eager, set_worker_threads
+from service.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
 
 WARMUP_CALLS = 2
 
@@ -95,6 +95,7 @@ def main() -> None:
     if not args.images.is_dir():
         write_benchmark_images(args.images)
     device = torch.device(args.device)
+    bind_worker_device(device)
     set_worker_threads(device, workers_per_device=1)
     served = load_served(args.model, args.weights, args.artifact, device)
     batches = [int(b) for b in args.batches.split(",")]

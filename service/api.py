@@ -29,7 +29,14 @@ from PIL import Image
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from preprocessing.device_health import unusable_device
 from service.answers import Answer, render
-from service.engine import ENGINE_EAGER, ServedModel, load_artifact, load_eager, set_worker_threads
+from service.engine import (
+    ENGINE_EAGER,
+    ServedModel,
+    bind_worker_device,
+    load_artifact,
+    load_eager,
+    set_worker_threads,
+)
 from service.heap import HeapTrimmer, freeze_startup_objects
 from service.logs import configure_logging
 from service.metrics import metrics, record_gpu_memory
@@ -104,6 +111,7 @@ class ClassifierAPI(ls.LitAPI):
         configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
         metrics()  # its series exist at 0 from the start, not from the first batch
         torch_device = torch.device(device)
+        bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
         set_worker_threads(torch_device, self.settings.workers_per_device)
         if self.settings.artifact:
             self.served = load_artifact(self.settings.artifact, torch_device)

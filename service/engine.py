@@ -50,6 +50,17 @@ class ServedModel:
         return self.run(images)[:count]
 
 
+def bind_worker_device(device: torch.device) -> None:
+    """Make ``device`` this process's current CUDA device (a no-op on a CPU); before any CUDA work.
+
+    Code that takes no device argument uses the current device, which is GPU 0 in every process
+    until set: CV-CUDA and nvImageCodec, ``torch.cuda.current_stream()``, a tensor made on "cuda".
+    In the worker for GPU N that would launch work on GPU 0 against memory on GPU N.
+    """
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 def set_worker_threads(device: torch.device, workers_per_device: int) -> None:
     """On a CPU, give each of the machine's inference workers an equal share of its cores as torch
     threads: workers of one machine share its cores, and oversubscribing them only adds contention."""

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
+from service.engine import bind_worker_device
 from service.request_parsing import RequestLimits, decode_base64_image, parse_top_k, read_predict_request
 from service.server import resolve_device
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
@@ -327,3 +328,39 @@ def test_a_taken_grpc_port_is_refused_before_anything_starts(caplog) -> None:
         assert serve(ServeSettings(grpc_port=port)) == 1
     assert f"--grpc-port {port} cannot be used" in caplog.text
     check_port_free("127.0.0.1", port)  # free again once its holder closed
+
+
+class DeviceBound(Exception):
+    """Stops a worker's setup right after it bound its device: nothing else may touch CUDA first."""
+
+
+def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatch) -> None:
+    """Two GPUs, two workers each (no GPU here: ``torch.cuda.set_device`` is the boundary, recorded).
+    LitServe hands worker i the device "cuda:(i % 2)"; its setup makes that the current device first,
+    so libraries that use the current device (CV-CUDA, nvImageCodec) work on the worker's own GPU."""
+    import torch
+
+    from service.api import ClassifierAPI
+    from service.server import build_server
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    settings = ServeSettings(model="efficientnet-lite0", preprocess="pil", workers_per_device=2)
+    server = build_server(settings)
+    server.channels.remove()  # never started: only its worker plan is read
+    assert server.worker_count == 4
+    handed = [group[0] for group in server._inference_workers_config_for_api(server.lit_api.api_path)]
+    assert handed == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+
+    bound: list[torch.device] = []
+
+    def set_device(device: torch.device) -> None:
+        bound.append(device)
+        raise DeviceBound
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    for device in handed:
+        with pytest.raises(DeviceBound):
+            ClassifierAPI(settings).setup(device)
+    assert [d.index for d in bound] == [0, 1, 0, 1]
+    bind_worker_device(torch.device("cpu"))  # a CPU worker binds nothing
+    assert len(bound) == 4
