@@ -43,18 +43,28 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def until_device_done(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """``fn``, returning only once the work it queued on ``device`` is done: a GPU runs kernels
+    after the call that queued them returns, so a clock stopped at the return misses them."""
+
+    def call() -> object:
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return result
+
+    return call
+
+
 def classify_call(served: ServedModel, images: torch.Tensor, device: torch.device) -> Callable[[], object]:
     """What ``ClassifierAPI._classify`` runs on a prepared batch: model, softmax, top-5 to the host."""
 
     def call() -> object:
         with torch.inference_mode():
             probabilities, indices = served(images).float().softmax(dim=1).topk(5, dim=1)
-            result = probabilities.cpu().tolist(), indices.cpu().tolist()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return result
+            return probabilities.cpu().tolist(), indices.cpu().tolist()
 
-    return call
+    return until_device_done(call, device)
 
 
 def measure_ceiling(
@@ -72,7 +82,7 @@ def measure_ceiling(
         batch = [photos[i % len(photos)] for i in range(size)]
         prepared = preprocessor(batch)
         model_s = median_seconds(classify_call(served, prepared.images, device), repeats)
-        preprocess_s = median_seconds(lambda batch=batch: preprocessor(batch), repeats)
+        preprocess_s = median_seconds(until_device_done(lambda batch=batch: preprocessor(batch), device), repeats)
         results[str(size)] = {
             "model_ms": model_s * 1e3,
             "model_img_per_s": size / model_s,

@@ -58,7 +58,7 @@ CONCURRENCIES = (1, 16, 64, 256)
 QUICK_CONCURRENCIES = (1, 64)
 SECONDS_PER_RUN = 15.0  # each sweep point and Poisson run: as many requests as fit, bounded by time
 POISSON_FRACTIONS = (0.5, 0.9)
-SERVER_PARTS = ("queue", "preprocess", "inference")
+SERVER_PARTS = ("queue", "preprocess", "pipeline_wait", "inference")
 STEPS = ("compile", "ceiling", "preprocess", "serve", "client")
 NOOP_SERVER_WORKERS = 4
 

@@ -49,7 +49,7 @@ CLOSED, OPEN = "closed", "open"
 CONSTANT, POISSON = "constant", "poisson"
 CLIENT_TIMEOUT_S = 300.0  # longer than any server deadline: a request that times out here was lost
 DEFAULT_MAX_SECONDS = 600.0
-TIMING_PARTS = ("queue", "preprocess", "inference", "postprocess", "total")
+TIMING_PARTS = ("queue", "preprocess", "pipeline_wait", "inference", "postprocess", "total")
 # An image -> the request body and headers that carry it. Module-level functions (or partials of them)
 # only: run_load pickles it for its client processes.
 Encoder = Callable[[bytes], tuple[bytes, dict[str, str]]]

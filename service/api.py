@@ -57,6 +57,7 @@ class ClassifyBatch:
     preprocess_ms: float
     queue_ms: list[float | None]  # per request: from queueing in the HTTP process to this batch's start
     request_ids: list[str | None] = field(default_factory=list)
+    prepared_at: float = 0.0  # time.perf_counter() when preparing ended
 
 
 @dataclass
@@ -102,6 +103,7 @@ class ClassifierAPI(ls.LitAPI):
             super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
         self.settings = settings
         self.served: ServedModel | None = None  # set in setup(), in the worker
+        self.pipelined = False  # set in setup(): batches are prepared ahead and may wait for the engine
         self._gpu_memory_sampled_at = 0.0
 
     def setup(self, device: str) -> None:
@@ -120,8 +122,9 @@ class ClassifierAPI(ls.LitAPI):
         self.torch_device = torch_device
         # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
         # that work goes on a stream of its own, so it overlaps the engine's (service/batching.py).
-        pipelined = resolve_pipeline_depth(self.settings.pipeline_depth, torch_device.type) > 1
-        self.prepare_stream = torch.cuda.Stream(torch_device) if pipelined and torch_device.type == "cuda" else None
+        self.pipelined = resolve_pipeline_depth(self.settings.pipeline_depth, torch_device.type) > 1
+        on_gpu = torch_device.type == "cuda"
+        self.prepare_stream = torch.cuda.Stream(torch_device) if self.pipelined and on_gpu else None
         self.heap_trimmer = HeapTrimmer().start()
         self.preprocessor = create_preprocessor(
             self.settings.preprocess,
@@ -169,12 +172,16 @@ class ClassifierAPI(ls.LitAPI):
                 # Handed over finished: the engine's stream then never waits on this one, and the
                 # memory is not reused before the engine is done with it (predict syncs on .cpu()).
                 stream.synchronize()
-        preprocess_ms = (time.perf_counter() - started) * 1e3
+        prepared_at = time.perf_counter()
         request_ids = [item.request_id for item in inputs]
-        return ClassifyBatch(prepared, [item.top_k for item in inputs], preprocess_ms, queue_ms, request_ids)
+        top_k = [item.top_k for item in inputs]
+        return ClassifyBatch(prepared, top_k, (prepared_at - started) * 1e3, queue_ms, request_ids, prepared_at)
 
     def predict(self, x: ClassifyBatch) -> list[ItemResult]:
-        results = self._classify(x)
+        # A pipelined worker's prepared batch waits while the engine runs the one before it: its
+        # own stage, or the breakdown would not add up to the time the request spent.
+        pipeline_wait_ms = (time.perf_counter() - x.prepared_at) * 1e3 if self.pipelined else None
+        results = self._classify(x, pipeline_wait_ms)
         # Counted here, not in _classify, which warm-up also runs.
         classified = sum(r.predictions is not None for r in results)
         if classified:
@@ -197,12 +204,14 @@ class ClassifierAPI(ls.LitAPI):
     def unbatch(self, output: list[ItemResult]) -> list[ItemResult]:
         return output
 
-    def _classify(self, batch: ClassifyBatch) -> list[ItemResult]:
+    def _classify(self, batch: ClassifyBatch, pipeline_wait_ms: float | None = None) -> list[ItemResult]:
         prepared = batch.prepared
         results = []
         for error, queue_ms in zip(prepared.errors, batch.queue_ms, strict=True):
             timings = {} if queue_ms is None else {"queue": queue_ms}
             timings["preprocess"] = batch.preprocess_ms
+            if pipeline_wait_ms is not None:
+                timings["pipeline_wait"] = pipeline_wait_ms
             results.append(ItemResult(len(prepared), timings, error=error))
         ok = prepared.ok_indices
         if not ok:

@@ -28,7 +28,7 @@ _HELP = {
     "preprocessing and labels",
     **SHARED_HELP,
     "device": "auto, cpu, cuda (every GPU) or cuda:N",
-    "preprocess": "preprocessing backend: auto (first usable of dali, cvcuda, torch on a GPU; pil on a CPU), "
+    "preprocess": "preprocessing backend: auto (first usable of torch, cvcuda, dali on a GPU; pil on a CPU), "
     "dali, cvcuda, torch or pil",
     "max_batch_size": "largest batch the model sees (1 turns batching off)",
     "batch_timeout_ms": "how long the first request of a batch waits for more",

@@ -148,8 +148,9 @@ def metrics() -> Metrics:
         ),
         stage_duration=Histogram(
             PREFIX + "stage_duration_seconds",
-            "Seconds each request spent per stage: queue (admission to batch start), preprocess, inference, "
-            "postprocess, and total (admission to answer, as Server-Timing's total).",
+            "Seconds each request spent per stage: queue (admission to batch start), preprocess, pipeline_wait "
+            "(a pipelined worker's prepared batch waiting for the engine), inference, postprocess, and total "
+            "(admission to answer, as Server-Timing's total).",
             ["stage"],
             buckets=DURATION_BUCKETS,
             **common,

@@ -1,6 +1,7 @@
 """The ``Server-Timing`` response header (W3C): the server's own breakdown of a request, in ms.
 
-The worker writes queue, preprocess, inference and postprocess; the HTTP process appends total.
+The worker writes queue, preprocess, pipeline_wait (pipelined workers only), inference and
+postprocess; the HTTP process appends total.
 """
 
 from __future__ import annotations

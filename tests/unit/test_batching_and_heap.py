@@ -329,3 +329,43 @@ def test_startup_objects_are_frozen_out_of_the_collectors_passes() -> None:
         del made_later
     finally:
         gc.unfreeze()
+
+
+def stage_api(pipeline_depth: int):
+    """The real ClassifierAPI with what its setup attaches, but a model that answers at once: the
+    stage accounting is under test, not the model."""
+    import torch
+
+    from compile.catalog import get_model_entry
+    from preprocessing.pil_backend import PilPreprocessor
+    from service.api import ClassifierAPI
+    from service.engine import ServedModel
+    from service.settings import ServeSettings
+
+    entry = get_model_entry("efficientnet-lite0")
+    api = ClassifierAPI(ServeSettings(model=entry.name, pipeline_depth=pipeline_depth))
+    api.served = ServedModel(entry, "instant", run=lambda images: torch.zeros(len(images), len(entry.labels)))
+    api.torch_device, api.pipelined, api.prepare_stream = torch.device("cpu"), pipeline_depth > 1, None
+    api.heap_trimmer, api.preprocessor = HeapTrimmer(), PilPreprocessor(entry.preprocess, "cpu")
+    return api
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_prepared_batch_waiting_for_the_engine_is_a_stage_of_its_own(depth: int, chelsea_jpeg: bytes) -> None:
+    """At depth 2 a prepared batch waits while the engine runs the one before it: that wait must be
+    in the breakdown (Server-Timing, the stage histogram), or the stages do not add up."""
+    from service.request_parsing import ImageRequest
+
+    api = stage_api(depth)
+    started = time.perf_counter()
+    prepared = api.batch([ImageRequest(chelsea_jpeg), ImageRequest(chelsea_jpeg)])
+    time.sleep(0.3)  # the engine is busy with the batch before this one
+    (result, _) = api.predict(prepared)
+    elapsed_ms = (time.perf_counter() - started) * 1e3
+    stages = result.timings_ms
+    if depth == 1:
+        assert "pipeline_wait" not in stages  # nothing waits between preparing and running
+        return
+    assert list(stages) == ["preprocess", "pipeline_wait", "inference"]
+    assert stages["pipeline_wait"] >= 300
+    assert elapsed_ms - 5 <= sum(stages.values()) <= elapsed_ms

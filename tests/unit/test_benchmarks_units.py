@@ -211,8 +211,9 @@ def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
     from benchmarks.gpu_suite import report
 
     def run(rps: float) -> dict:
+        breakdown = {"queue": 1.0, "preprocess": 2.0, "pipeline_wait": 0.5, "inference": 3.0}
         return {**_run(rps, 12.0), "latency_ms": {"p50": 12.0, "p99": 30.0}, "batch_size_mean": 4.0,
-                "batch_sizes": {"4": 10}, "server_ms_median": {"queue": 1.0, "preprocess": 2.0, "inference": 3.0},
+                "batch_sizes": {"4": 10}, "server_ms_median": breakdown,
                 "latencies_ms": [10.0, 12.0, 30.0]}  # fmt: skip
 
     record = {
@@ -223,7 +224,7 @@ def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
         "client_ceiling": {64: run(9000.0)},
     }
     md = report(record, tmp_path, "resnet152", 64)
-    assert "| compiled | 64 | 2000.0 | 12.0 | 30.0 | 4.0 | 1.0 / 2.0 / 3.0 |" in md
+    assert "| compiled | 64 | 2000.0 | 12.0 | 30.0 | 4.0 | 1.0 / 2.0 / 0.5 / 3.0 |" in md
     assert "| client ceiling: no-op server | 64 | 9000.0 | 12.0 | 30.0 |  |  |" in md
     assert "| preprocess | 5 | failed: x |" in md
     for name in ("gpu_suite-throughput.png", "gpu_suite-latency-cdf.png", "gpu_suite-batch-sizes.png"):
@@ -343,3 +344,19 @@ def test_precisions_a_backend_refuses_are_skipped_without_compiling(tmp_path, ca
     inputs = prepare_inputs("resnet152", tmp_path, "random", ["bf16"], ["onnx"])
     assert inputs.artifacts == {}
     assert "No onnx bf16 artifact" in caplog.text
+
+
+def test_ceiling_clocks_stop_once_the_device_is_done_injected(monkeypatch) -> None:
+    """A GPU runs kernels after the call that queued them returns: the ceiling's timed calls (model
+    and preprocessing) synchronize the device before the clock stops. torch.cuda.synchronize is the
+    boundary (no GPU here): recorded."""
+    import torch
+
+    from benchmarks.ceiling import until_device_done
+
+    order: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(("synchronize", str(device))))
+    work = until_device_done(lambda: order.append("work") or "prepared", torch.device("cuda:1"))
+    assert work() == "prepared" and order == ["work", ("synchronize", "cuda:1")]
+    order.clear()
+    assert until_device_done(lambda: order.append("work"), torch.device("cpu"))() is None and order == ["work"]
