@@ -123,7 +123,8 @@ class GreedyBatchedLoop(WorkerLoop):
         except DeviceUnusable:
             channel.close(EXIT_ANSWER_LINGER_MS)  # the failed batch's 503s are queued: let them leave
             for handler in logging.getLogger().handlers:
-                handler.flush()
+                with contextlib.suppress(Exception):  # a closed or broken stream must not stop the exit
+                    handler.flush()
             # os._exit, not an exception up through LitServe: interpreter shutdown would run CUDA
             # teardown on the broken context, and the prepare thread may be inside a CUDA call.
             self.exit_process(EXIT_DEVICE_UNUSABLE)
