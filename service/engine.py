@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from compile.backends import EngineCallable, get_backend
+from compile.backends.base import use_exact_fp32
 from compile.catalog import ModelEntry, get_model_entry
 from compile.compat import describe_problems, device_problems, version_problems
 from compile.devices import describe_device
@@ -114,6 +115,8 @@ def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
 
 
 def load_eager(model: str, weights: str, device: torch.device) -> ServedModel:
+    """The catalog model in eager PyTorch, IEEE fp32 as its engine name says (no TF32 on a GPU)."""
+    use_exact_fp32("fp32", device)
     entry = get_model_entry(model)
     loaded = load_model(entry, weights)
     module = loaded.module.to(device).to(memory_format=torch.channels_last)
