@@ -9,6 +9,10 @@ on the worker's device reports itself unusable, as ``preprocessing.device_health
 whose context broke. Everything else (the worker's exit, the restart, the answers) is the server's
 own. The patches are made at import, so the spawned inference workers, which import this module
 as their main module, carry them too.
+
+With ``STICKY_FAULT_KIND=device-assert`` on a GPU nothing is faked: the batch runs a kernel that
+indexes out of bounds, a device-side assert breaks the worker's CUDA context for real, and the
+real check (``preprocessing.device_health``) has to notice.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from service import api, engine
 from service.cli import main
 
 TRIGGER = Path(os.environ.get("STICKY_FAULT_FILE", "/nonexistent/sticky-fault"))
+REAL = os.environ.get("STICKY_FAULT_KIND") == "device-assert"
 FAULT = "CUDA error: an illegal memory access was encountered"
 
 _broken = False
@@ -33,6 +38,8 @@ def _run_or_fail(self: engine.ServedModel, images: torch.Tensor) -> torch.Tensor
     if not _broken and TRIGGER.exists():
         TRIGGER.unlink(missing_ok=True)
         _broken = True
+        if REAL:  # out of bounds on the device: a device-side assert, sticky for this context
+            images.new_zeros(1)[torch.tensor([images.numel()], device=images.device)].item()
     if _broken:
         raise RuntimeError(FAULT)
     return _run_model(self, images)
@@ -43,7 +50,8 @@ def _unusable_device(device: torch.device | str) -> str | None:
 
 
 engine.ServedModel.__call__ = _run_or_fail
-api.unusable_device = _unusable_device
+if not REAL:
+    api.unusable_device = _unusable_device
 
 if __name__ == "__main__":
     main()

@@ -17,6 +17,7 @@ from service.client import VisionClient
 from service.process import ServerProcess
 from tests.conftest import CAT_LABELS
 from tests.e2e.test_preprocess_serving import check_batch_of_8_with_2_corrupt
+from tests.e2e.test_reliability import check_a_broken_device_restarts_the_worker
 
 pytestmark = pytest.mark.gpu
 
@@ -55,6 +56,13 @@ def test_pipelined_worker_answers_like_the_sequential_one(tmp_path, depth: str) 
     with ServerProcess(args, log_path=tmp_path / "server.log") as server:
         assert httpx.get(f"{server.url}/info").json()["server"]["pipeline_depth"] == int(depth)
         check_batch_of_8_with_2_corrupt(server, f"pipeline depth {depth}")
+
+
+def test_a_real_device_side_assert_restarts_the_worker_and_serving_resumes(tmp_path, chelsea_jpeg: bytes) -> None:
+    """Nothing faked: a kernel indexes out of bounds, the device-side assert breaks the worker's CUDA
+    context, the real check notices, and the worker is replaced (tests/sticky_device_server.py)."""
+    args = ["--model", "efficientnet-lite0", "--device", "cuda:0"]
+    check_a_broken_device_restarts_the_worker(tmp_path, args, chelsea_jpeg, "device-assert")
 
 
 def compile_lite0(output: Path, backend: str, precision: str) -> Path:

@@ -315,17 +315,18 @@ def test_killed_worker_fails_its_requests_fast_is_restarted_and_serving_resumes(
         assert running.stop() == 0
 
 
-def test_a_sticky_device_error_restarts_the_worker_and_serving_resumes_injected(tmp_path, chelsea_jpeg) -> None:
-    """A GPU whose CUDA context broke (an illegal address: injected, tests/sticky_device_server.py)
-    fails every later call: the worker answers its batch 503, exits, and a new one takes over."""
+def check_a_broken_device_restarts_the_worker(tmp_path, args: list[str], image: bytes, kind: str) -> None:
+    """A worker whose device broke answers its batch 503, exits, and a new worker serves again.
+    ``kind``: "injected" (any machine) or "device-assert" (a real one, on a GPU):
+    tests/sticky_device_server.py."""
     fault = tmp_path / "fault"
     command = (sys.executable, "-m", "tests.sticky_device_server")
-    with ServerProcess([*LITE], log_path=tmp_path / "server.log", env={"STICKY_FAULT_FILE": str(fault)},
-                       command=command) as running:  # fmt: skip
+    env = {"STICKY_FAULT_FILE": str(fault), "STICKY_FAULT_KIND": kind}
+    with ServerProcess(args, log_path=tmp_path / "server.log", env=env, command=command) as running:
         worker = inference_workers(running)[0]
-        assert post(running.url, chelsea_jpeg).status_code == 200
+        assert post(running.url, image).status_code == 200
         fault.touch()
-        failed = post(running.url, chelsea_jpeg)
+        failed = post(running.url, image)
         assert failed.status_code == 503 and failed.headers["Retry-After"] == "1", failed.text
         assert "device failed" in failed.json()["detail"] and not fault.exists()
 
@@ -336,10 +337,16 @@ def test_a_sticky_device_error_restarts_the_worker_and_serving_resumes_injected(
             if workers and workers[0].pid != worker.pid and httpx.get(f"{running.url}/ready").status_code == 200:
                 break
             time.sleep(0.2)
-        served = post(running.url, chelsea_jpeg)
+        served = post(running.url, image)
         assert served.status_code == 200 and served.json()["predictions"][0]["label"] in CAT_LABELS
         metrics = httpx.get(f"{running.url}/metrics").text
         assert re.search(r"^vision_serve_worker_restarts_total 1\.0$", metrics, re.M), metrics
         log = running.log_text()
         assert "no longer runs work" in log and f"exit code {EXIT_DEVICE_UNUSABLE}" in log
         assert running.stop() == 0
+
+
+def test_a_sticky_device_error_restarts_the_worker_and_serving_resumes_injected(tmp_path, chelsea_jpeg) -> None:
+    """A GPU whose CUDA context broke (an illegal address: injected, tests/sticky_device_server.py)
+    fails every later call: the worker answers its batch 503, exits, and a new one takes over."""
+    check_a_broken_device_restarts_the_worker(tmp_path, [*LITE], chelsea_jpeg, "injected")
