@@ -52,6 +52,8 @@ def part_bytes(tree: int) -> int:
 def split(stream: Path, index: Path, carry: Path, tree: int) -> list[Path]:
     """``stream`` in parts ``carry/01/chunk.01``, ``carry/02/chunk.02``..., each with a copy of ``index``."""
     size = part_bytes(tree) - index.stat().st_size  # the index travels in every part too
+    if size <= 0:
+        raise ValueError("no room for a part beside the working tree and the stream's index")
     parts = []
     with stream.open("rb") as source:
         while chunk := source.read(size):

@@ -131,6 +131,12 @@ PREPROCESS_ALL = (PYTHON, "-m", "benchmarks.preprocess_throughput", "--device", 
                   "--output", "{results}/preprocess")  # fmt: skip
 
 
+def cpu_form(command: tuple[str, ...]) -> tuple[str, ...]:
+    """``command`` with ``--device cuda`` made ``--device cpu``: its dry form."""
+    return tuple("cpu" if arg == "cuda" and previous == "--device" else arg
+                 for previous, arg in zip(("", *command[:-1]), command, strict=True))  # fmt: skip
+
+
 def suite_step(step: str, cap_s: float, min_s: float) -> Step:
     """One step of benchmarks.gpu_suite, in a process of its own: a timeout loses that step only."""
     return Step(step, suite(step), cap_s, min_s=min_s, dry=suite(step, dry=True))
@@ -141,13 +147,14 @@ REPORT = Step("report", SUITE_REPORT, 60, min_s=5, dry=(*SUITE_REPORT, "--dry-ru
 
 # The first three runs (../shared/GPU.md) need only .carry/core; cvcuda and dali need their packs.
 # Caps and minimums come from the first H100 session (2026-11-22): ResNet-152's fp16 compile took
-# 136 s, pytest -m gpu 320 s (of which Lite0's AOTInductor build ~200 s), a server start ~30 s.
+# 136 s, pytest -m gpu 320 s (of which the two AOTInductor tests 258 s), a server start ~30 s.
+FAST_GPU_TESTS = "not dali and not cvcuda and not inductor"
 PHASES: dict[str, list[Step]] = {
     "core": [
         Step("nvidia-smi", NVIDIA_SMI, 30, min_s=5),
         Step("versions", VERSIONS, 60, min_s=5, dry=VERSIONS),
-        # Beside the tests, in a session of its own: it outlives this run if it must, and the serve
-        # phase's compile step waits for it (the artifact's folder lock), then gets a cache hit.
+        # Beside the other steps, in a session of its own: it outlives this run if it must, and the
+        # serve phase's compile step waits for it (the artifact's folder lock), then gets a cache hit.
         Step("compile", suite("compile"), 900, background=True, dry=suite("compile", dry=True)),
         Step(
             "pipeline-check",
@@ -156,15 +163,15 @@ PHASES: dict[str, list[Step]] = {
             min_s=60,
             dry=(*PIPELINE_CHECK, "--device", "cpu", "--requests", "200", "--concurrency", "8", "--distinct", "12"),
         ),
-        Step(
-            "pytest-gpu", gpu_tests("not dali and not cvcuda"), 330, min_s=60, dry=gpu_tests("not dali and not cvcuda")
-        ),
-        Step("wait:compile", (), 420, min_s=5, dry=()),
+        Step("pytest-gpu", gpu_tests(FAST_GPU_TESTS), 240, min_s=60, dry=gpu_tests(FAST_GPU_TESTS)),
+        Step("wait:compile", (), 300, min_s=5, dry=()),
+        suite_step("ceiling", 90, 45),
+        # Last: Lite0's AOTInductor build alone took ~200 s, and these passed on the first H100.
+        Step("pytest-gpu-inductor", gpu_tests("inductor"), 300, min_s=150, dry=gpu_tests("inductor")),
         REPORT,
     ],
     "serve": [
         suite_step("compile", 300, 30),  # a cache hit after the core run; else it builds it now
-        suite_step("ceiling", 90, 45),
         suite_step("client", 90, 45),  # the load generator's ceiling, before the sweeps it qualifies
         suite_step("serve", 180, 90),
         suite_step("images", 90, 45),
@@ -178,14 +185,20 @@ PHASES: dict[str, list[Step]] = {
     ],
     "cvcuda": [
         Step("versions", VERSIONS, 60, min_s=5, dry=VERSIONS),
-        Step("pytest-cvcuda", gpu_tests("cvcuda"), 300, min_s=60),
-        Step("parity", PARITY, 120, min_s=30),
+        Step("pytest-cvcuda", gpu_tests("cvcuda"), 300, min_s=60, dry=gpu_tests("cvcuda")),
+        Step("parity", PARITY, 120, min_s=30, dry=cpu_form(PARITY)),
     ],
     "dali": [
         Step("versions", VERSIONS, 60, min_s=5, dry=VERSIONS),
-        Step("pytest-dali", gpu_tests("dali"), 300, min_s=60),
-        Step("parity", PARITY, 120, min_s=30),
-        Step("preprocess", PREPROCESS_ALL, 300, min_s=60),
+        Step("pytest-dali", gpu_tests("dali"), 300, min_s=60, dry=gpu_tests("dali")),
+        Step("parity", PARITY, 120, min_s=30, dry=cpu_form(PARITY)),
+        Step(
+            "preprocess",
+            PREPROCESS_ALL,
+            300,
+            min_s=60,
+            dry=(*cpu_form(PREPROCESS_ALL), "--repeats", "1", "--sizes", "imagenet", "--batches", "8"),
+        ),
     ],
 }
 
