@@ -3,7 +3,7 @@
     python -m benchmarks.ceiling --model resnet152 --weights random --batches 1,8
     python -m benchmarks.ceiling --artifact /tmp/r152-bf16 --batches 1,8
 
-Loads the model exactly as a server worker does (``service.engine``: eager or a compile-trt
+Loads the model exactly as a server worker does (``service.worker.engine``: eager or a compile-trt
 artifact, channels_last, same thread count) and times what the worker's ``predict`` runs per batch
 (model, softmax, top-5 to the host) on already-preprocessed benchmark photos. Preprocessing is
 timed separately, per batch, with the backend the server would pick. Medians of ``repeats`` calls.
@@ -23,7 +23,7 @@ import torch
 from benchmarks.images import read_images, write_benchmark_images
 from compile.libstdcxx import restart_with_preload
 from preprocessing import create_preprocessor
-from service.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
+from service.worker.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
 
 WARMUP_CALLS = 2
 

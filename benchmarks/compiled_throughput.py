@@ -31,7 +31,7 @@ from compile.catalog import get_model_entry
 from compile.libstdcxx import restart_with_preload
 from compile.manifest import read_manifest
 from compile.weights import load_model
-from service.engine import load_artifact
+from service.worker.engine import load_artifact
 
 
 def eager_engine(model: torch.nn.Module, precision: str, device: torch.device) -> Callable:

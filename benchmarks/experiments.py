@@ -54,7 +54,7 @@ from compile.catalog import get_model_entry
 from compile.gate import compare_logits
 from compile.weights import load_model
 from preprocessing.pil_backend import PilPreprocessor
-from service.engine import set_worker_threads
+from service.worker.engine import set_worker_threads
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from preprocessing.base import PreparedBatch, Preprocessor
-from service.api import ClassifierAPI
+from service.worker.classifier import ClassifierAPI
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class NoopClassifierAPI(ClassifierAPI):
 def main(argv: Sequence[str] | None = None) -> int:
     from service.cli import build_parser, settings_from_args
     from service.logs import adopt_library_loggers, configure_logging
-    from service.server import build_server, serve
+    from service.supervisor.server import build_server, serve
 
     parser = build_parser()
     parser.prog = "python -m benchmarks.frontend_server"

@@ -42,8 +42,8 @@ from benchmarks.frontend import (
     running,
 )
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
-from service.oip import serialize_bytes
-from service.process import free_port
+from service.launcher import free_port
+from service.oip.tensors import serialize_bytes
 
 logger = logging.getLogger(__name__)
 

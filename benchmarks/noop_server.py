@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from service.process import free_port
+from service.launcher import free_port
 
 STARTUP_TIMEOUT_S = 30.0
 ANSWER = json.dumps(

@@ -2,7 +2,7 @@
 
     python -m benchmarks.pipeline                   # stand-in stages, then the real models on this CPU
 
-The real worker loop (service/batching.py) reads a real request channel in this process, with
+The real worker loop (service/worker/loop.py) reads a real request channel in this process, with
 ``pipeline_depth`` 1 (prepare, then predict, then the next batch) and 2 (a thread prepares the next
 batch while this one runs). Requests are all queued up front, so every batch is full.
 
@@ -33,10 +33,10 @@ import zmq
 
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
-from service.answers import Answer
-from service.batching import GreedyBatchedLoop
-from service.channels import ChannelConfig, WorkerChannel
-from service.request_parsing import ImageRequest
+from service.rest.parsing import ImageRequest
+from service.transport.channels import ChannelConfig, WorkerChannel
+from service.wire import Answer
+from service.worker.loop import GreedyBatchedLoop
 
 BATCH = 8
 STAND_IN_CASES_MS = ((20.0, 20.0), (10.0, 30.0), (30.0, 10.0))
@@ -139,8 +139,8 @@ def stand_in_results() -> list[dict]:
 
 
 def real_model_results(models: Sequence[str], images: int) -> list[dict]:
-    from service.api import ClassifierAPI
     from service.settings import ServeSettings
+    from service.worker.classifier import ClassifierAPI
 
     width, height = IMAGENET_SIZE
     jpegs = photo_jpegs(width, height)

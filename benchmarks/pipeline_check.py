@@ -36,7 +36,7 @@ import httpx
 from benchmarks.common import results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, PHOTOS, photo_jpegs
 from benchmarks.suite import markdown_table
-from service.process import ServerProcess
+from service.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ failing items stand alone; those go to Pillow, which either decodes them (an ima
 decoder cannot handle) or names what is wrong with them (a corrupt one). Every good image of the
 batch still gets its answer, at the cost of about ``2 * log2(batch)`` extra device calls per bad item.
 A failure that broke the device itself (a sticky CUDA error) is raised as ``DeviceUnusable`` instead:
-no image is to blame, and the worker must be replaced (service/batching.py).
+no image is to blame, and the worker must be replaced (service/worker/loop.py).
 """
 
 from __future__ import annotations

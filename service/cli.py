@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     settings = resolved.settings
     configure_logging(settings.log_level, settings.log_format)
-    from service.server import build_server, serve  # imports torch and litserve; keep --help fast
+    from service.supervisor.server import build_server, serve  # imports torch and litserve; keep --help fast
 
     adopt_library_loggers()  # importing litserve gave its logger a handler of its own
 

@@ -23,7 +23,7 @@ from compile.catalog import get_model_entry
 from compile.sample_photos import sample_photo_files
 from compile.weights import torchvision_cache_file
 from service.classify_cli import classify_all, print_outcomes
-from service.process import ServerProcess, ServerStartError
+from service.launcher import ServerProcess, ServerStartError
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 vision-serve keeps ``ls.LitAPI`` as its model contract and LitServe's process management (the
 spawned inference workers, the forked uvicorn processes, graceful shutdown), and replaces its
-request path: routes, request and answer transport (service/channels.py), batching loop, worker
+request path: routes, request and answer transport (service/transport/channels.py), batching loop, worker
 recovery. That needs hooks LitServe does not make public. ``LitServerBridge`` turns them into
-plain methods for service/server.py; ``WorkerLoop`` does the same for the worker's loop.
+plain methods for service/supervisor/server.py; ``WorkerLoop`` does the same for the worker's loop.
 tests/unit/test_litserve_bridge.py holds one contract test per internal used here, so an upgrade that
 moves one fails there, by name, instead of somewhere in the request path.
 """
@@ -173,7 +173,7 @@ class LitServerBridge(ls.LitServer):
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         # Not LitServer.lifespan: that starts the reader of LitServe's response queues, which
-        # carry nothing here (answers come over service/channels.py).
+        # carry nothing here (answers come over service/transport/channels.py).
         async with self.http_process(app, app.response_queue_id):
             yield
 

@@ -16,7 +16,7 @@ from typing import TextIO
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
-# The request being handled in this task; set by the HTTP middleware (service/http_observer.py).
+# The request being handled in this task; set by the HTTP middleware (service/frontend/observer.py).
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("vision_serve_request_id", default=None)
 # Loggers that bring their own handlers; we want their records in our format instead.
 _LIBRARY_LOGGERS = ("litserve", "uvicorn", "uvicorn.error", "uvicorn.access")

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from service import api, engine
 from service.cli import main
+from service.worker import classifier as api
+from service.worker import engine
 
 TRIGGER = Path(os.environ.get("STICKY_FAULT_FILE", "/nonexistent/sticky-fault"))
 REAL = os.environ.get("STICKY_FAULT_KIND") == "device-assert"

@@ -20,8 +20,8 @@ from benchmarks.loadgen import (
     run_load,
 )
 from compile.sample_photos import CAT_LABELS
-from service.engine import load_eager
-from service.process import ServerProcess
+from service.launcher import ServerProcess
+from service.worker.engine import load_eager
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from service.client import VisionClient
-from service.process import ServerProcess, free_port
+from service.launcher import ServerProcess, free_port
 from tests.conftest import CAT_LABELS, command_line
 from tests.unit.test_deploy_files import (
     ENTRYPOINT,

@@ -17,7 +17,7 @@ import pytest
 
 from service.classify_cli import main as classify_main
 from service.client import ClassifyError, VisionClient
-from service.process import ServerProcess, free_port
+from service.launcher import ServerProcess, free_port
 from tests.conftest import CAT_LABELS, encode, sample_array
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "8"]

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.launcher import ServerProcess
 from service.metrics import METRIC_NAMES
-from service.process import ServerProcess
 from tests.conftest import CAT_LABELS, inference_workers
 from tests.tools import require_tool
 

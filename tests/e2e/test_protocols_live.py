@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from service.classify_cli import main as classify_main
-from service.process import ServerProcess, free_port
+from service.launcher import ServerProcess, free_port
 from tests.conftest import CAT_LABELS
 
 MODEL = "efficientnet-lite0"

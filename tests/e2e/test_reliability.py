@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from benchmarks.bad_inputs import bad_inputs
-from service.batching import EXIT_DEVICE_UNUSABLE
-from service.process import ServerProcess
+from service.launcher import ServerProcess
+from service.worker.loop import EXIT_DEVICE_UNUSABLE
 from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
 
 API_KEY = "test-key-0123456789"

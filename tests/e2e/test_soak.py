@@ -7,7 +7,7 @@ The full-size soak is ``python -m benchmarks.soak`` (5,000 requests at concurren
 from __future__ import annotations
 
 from benchmarks.soak import DEFAULT_MAX_RSS_GROWTH_PCT, Outcome, ProcessMemory, SoakReport, format_report, run_soak
-from service.process import ServerProcess
+from service.launcher import ServerProcess
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "8", "--log-level", "warning"]
 

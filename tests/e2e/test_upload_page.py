@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from service.process import ServerProcess
+from service.launcher import ServerProcess
 from tests.conftest import CAT_LABELS
 from tests.tools import require_tool
 

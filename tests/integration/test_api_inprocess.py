@@ -17,10 +17,10 @@ from asgi_lifespan import LifespanManager
 from litserve.utils import wrap_litserve_start
 
 from benchmarks.bad_inputs import bad_inputs
-from service.api import ClassifierAPI
 from service.litserve_bridge import started_in_process
-from service.server import build_server
 from service.settings import ServeSettings
+from service.supervisor.server import build_server
+from service.worker.classifier import ClassifierAPI
 from tests.conftest import CAT_LABELS
 from tests.worker_hold import HOLD_TIMEOUT_S, worker_held
 

@@ -23,8 +23,8 @@ from compile.settings import CompileSettings
 from preprocessing.pil_backend import PilPreprocessor
 from preprocessing.spec import PreprocessSpec
 from service.client import VisionClient
-from service.engine import load_artifact
-from service.process import ServerProcess
+from service.launcher import ServerProcess
+from service.worker.engine import load_artifact
 from tests.conftest import CAT_LABELS
 
 LITE = ["--model", "efficientnet-lite0", "--device", "cpu"]
@@ -240,8 +240,8 @@ def test_manifest_round_trips_through_json(fp32_artifact) -> None:
 
 
 def test_server_settings_follow_the_artifact(fp32_artifact) -> None:
-    from service.server import apply_artifact
     from service.settings import ServeSettings
+    from service.supervisor.server import apply_artifact
 
     settings, manifest = apply_artifact(ServeSettings(artifact=str(fp32_artifact), max_batch_size=64))
     assert settings.max_batch_size == manifest.batch_max == 32  # clamped to what the engine accepts
@@ -250,8 +250,8 @@ def test_server_settings_follow_the_artifact(fp32_artifact) -> None:
 
 def test_tensorrt_artifact_is_served_on_one_gpu_without_a_gpu(fp32_artifact, tmp_path) -> None:
     """The device choice only (no GPU, no TensorRT here): a TensorRT engine is bound to one GPU."""
-    from service.server import apply_artifact
     from service.settings import ServeSettings
+    from service.supervisor.server import apply_artifact
 
     trt = {"backend": "tensorrt", "device_type": "cuda", "versions": {"torch": torch.__version__}}
     settings, _ = apply_artifact(ServeSettings(artifact=edited_copy(fp32_artifact, tmp_path, **trt)), cuda_count=4)

@@ -24,8 +24,8 @@ from compile.settings import CompileSettings
 from compile.triton_repository import RepositoryModels, parse_model_config
 from preprocessing.spec import PreprocessSpec
 from service.client import VisionClient
-from service.engine import load_artifact
-from service.process import ServerProcess
+from service.launcher import ServerProcess
+from service.worker.engine import load_artifact
 from tests.conftest import CAT_LABELS, encode, sample_array
 
 ort = pytest.importorskip("onnxruntime")

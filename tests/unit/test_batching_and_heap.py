@@ -1,6 +1,6 @@
 """The worker's batch collection (greedy, blocking, optional window) and the idle-time heap trimmer.
 
-The loop reads a real ``WorkerChannel`` (service/channels.py); the test sends requests into it and
+The loop reads a real ``WorkerChannel`` (service/transport/channels.py); the test sends requests into it and
 reads the answers over ZeroMQ sockets, as an HTTP process would. Only the LitAPI stands in.
 """
 
@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 import zmq
 
-from service import batching
-from service.answers import Answer
-from service.batching import MODEL_FAILED, GreedyBatchedLoop
-from service.channels import ChannelConfig, WorkerChannel
 from service.heap import IDLE_BEFORE_TRIM_S, MAX_TRIM_GAP_S, HeapTrimmer
 from service.metrics import metrics
+from service.transport.channels import ChannelConfig, WorkerChannel
+from service.wire import Answer
+from service.worker import loop as batching
+from service.worker.loop import MODEL_FAILED, GreedyBatchedLoop
 
 DELIVERY_S = 0.2  # what a local socket needs, with room, to deliver what was sent
 
@@ -114,7 +114,7 @@ def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplo
         assert [m[1] for m in loop.get_batch(_api(request_timeout=30), wire.worker)] == ["uid-1"]
     assert [(uid, answer.status_code) for uid, answer in wire.answered()] == [("uid-0", 504), ("uid-0", 504)]
     assert expired_count() == before + 2
-    dropped = [r for r in caplog.records if r.name == "service.batching" and "Dropped" in r.getMessage()]
+    dropped = [r for r in caplog.records if r.name == "service.worker.loop" and "Dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING"
 
 
@@ -207,7 +207,7 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
     ]
     assert answered[0][1].detail == batching.DEVICE_FAILED
     # The batch after it may have been prepared (depth 2) but never ran: its requests are answered
-    # 503 by the HTTP process when it sees the worker restart (service/worker_watch.py).
+    # 503 by the HTTP process when it sees the worker restart (service/frontend/worker_watch.py).
     assert api.predicted == 1
     assert any(r.levelname == "CRITICAL" and "no longer runs work" in r.getMessage() for r in caplog.records)
 
@@ -338,9 +338,9 @@ def stage_api(pipeline_depth: int):
 
     from compile.catalog import get_model_entry
     from preprocessing.pil_backend import PilPreprocessor
-    from service.api import ClassifierAPI
-    from service.engine import ServedModel
     from service.settings import ServeSettings
+    from service.worker.classifier import ClassifierAPI
+    from service.worker.engine import ServedModel
 
     entry = get_model_entry("efficientnet-lite0")
     api = ClassifierAPI(ServeSettings(model=entry.name, pipeline_depth=pipeline_depth))
@@ -354,7 +354,7 @@ def stage_api(pipeline_depth: int):
 def test_a_prepared_batch_waiting_for_the_engine_is_a_stage_of_its_own(depth: int, chelsea_jpeg: bytes) -> None:
     """At depth 2 a prepared batch waits while the engine runs the one before it: that wait must be
     in the breakdown (Server-Timing, the stage histogram), or the stages do not add up."""
-    from service.request_parsing import ImageRequest
+    from service.rest.parsing import ImageRequest
 
     api = stage_api(depth)
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The request and answer channels (service/channels.py) between HTTP processes and workers.
+"""The request and answer channels (service/transport/channels.py) between HTTP processes and workers.
 
 Real ZeroMQ sockets over Unix sockets in a temporary folder, both ends in this process.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from service.answers import Answer, error_answer
-from service.channels import ApiChannel, ChannelConfig, WorkerChannel
-from service.request_parsing import ImageRequest
+from service.rest.parsing import ImageRequest
+from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
+from service.wire import Answer, error_answer
 
 TIMEOUT_S = 5.0
 
@@ -114,7 +114,7 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
 def test_requests_to_a_worker_that_stopped_reading_are_answered_503(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service import channels
+    from service.transport import channels
 
     monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
     config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
@@ -158,7 +158,7 @@ def test_requests_submitted_in_one_turn_of_the_loop_travel_as_one_message(tmp_pa
 
 
 def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Path, monkeypatch) -> None:
-    from service import channels
+    from service.transport import channels
 
     monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
     worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)

@@ -300,7 +300,7 @@ def test_probes_use_the_servers_endpoints_on_the_service_port():
     assert probes["readinessProbe"]["path"] == "/ready"
     assert probes["livenessProbe"]["path"] == "/health"
     assert probes["startupProbe"]["path"] in ("/health", "/ready")
-    from service.server import VisionLitServer
+    from service.supervisor.server import VisionLitServer
 
     routes = inspect.getsource(VisionLitServer.register_routes)
     for path in ("/ready", "/health", "/metrics"):
@@ -326,7 +326,7 @@ def test_probe_timings_allow_the_first_start_and_react_to_a_restarting_worker():
 
 
 def test_grace_period_covers_prestop_drain_and_worker_stop():
-    from service.server import CHILD_STOP_TIMEOUT_S
+    from service.supervisor.server import CHILD_STOP_TIMEOUT_S
 
     command = container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"

@@ -365,7 +365,7 @@ def test_probes_use_the_v2_health_endpoints_on_the_http_port():
 def test_server_has_the_routes_kserve_and_the_probes_call():
     from fastapi import FastAPI
 
-    from service.oip_http import add_oip_routes, infer_paths
+    from service.oip.rest import add_oip_routes, infer_paths
 
     app = FastAPI()
     add_oip_routes(app, None, server_version="0", engine=str, ready=lambda: True)
@@ -402,7 +402,7 @@ def test_artifact_is_on_the_shared_cache_and_covers_the_served_batch():
 
 
 def test_pod_is_deploy_k8s_pod_in_security_and_stopping():
-    from service.server import CHILD_STOP_TIMEOUT_S
+    from service.supervisor.server import CHILD_STOP_TIMEOUT_S
 
     k8s_pod = load_one(K8S / "deployment.yaml")["spec"]["template"]["spec"]
     (k8s_container,) = k8s_pod["containers"]

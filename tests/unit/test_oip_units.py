@@ -15,9 +15,10 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2
 
-from service.answers import Answer, error_answer
-from service.http_observer import client_request_id
-from service.oip import (
+from service.frontend.observer import client_request_id
+from service.oip.grpc_service import parse_grpc_request
+from service.oip.rest import decompress, encode_infer_response, model_in_path, parse_infer_body
+from service.oip.tensors import (
     CLASS_INDICES,
     LABELS,
     PROBABILITIES,
@@ -30,8 +31,7 @@ from service.oip import (
     failed_items,
     serialize_bytes,
 )
-from service.oip_grpc import parse_grpc_request
-from service.oip_http import decompress, encode_infer_response, model_in_path, parse_infer_body
+from service.wire import Answer, error_answer
 
 LIMIT = 64
 

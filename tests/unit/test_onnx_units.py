@@ -40,7 +40,7 @@ from compile.triton_repository import (
 )
 from preprocessing.geometry import plan_crop
 from preprocessing.spec import PreprocessSpec
-from service.engine import ServedModel
+from service.worker.engine import ServedModel
 from tests.conftest import encode
 
 ort = pytest.importorskip("onnxruntime")

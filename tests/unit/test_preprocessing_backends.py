@@ -376,7 +376,7 @@ class FailingDecoder(DeviceDecodePreprocessor):
 
 def test_a_failure_that_broke_the_device_is_raised_not_blamed_on_the_images_injected(monkeypatch) -> None:
     """The device's state is injected (a CPU cannot break a CUDA context): broken, the failure is the
-    worker's to handle (service/batching.py exits it), with no split retries and no Pillow fallback,
+    worker's to handle (service/worker/loop.py exits it), with no split retries and no Pillow fallback,
     whose upload to that device would fail too. Healthy, the same error is the images'."""
     from preprocessing import device_base
     from preprocessing.device_base import DecodeCounts

@@ -17,12 +17,12 @@ import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
-from service.admission import AdmissionGate
-from service.auth import ApiKeyAuth
-from service.channels import ApiChannel, ChannelConfig
+from service.frontend.admission import AdmissionGate
+from service.frontend.auth import ApiKeyAuth
+from service.frontend.worker_watch import WorkerWatch, restart_dead_workers
 from service.litserve_bridge import ERROR, READY, STARTING
-from service.request_parsing import ImageRequest
-from service.worker_watch import WorkerWatch, restart_dead_workers
+from service.rest.parsing import ImageRequest
+from service.transport.channels import ApiChannel, ChannelConfig
 
 
 def test_admission_gate_bounds_and_recovers() -> None:

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
-from service.engine import bind_worker_device
-from service.request_parsing import RequestLimits, decode_base64_image, parse_top_k, read_predict_request
-from service.server import resolve_device
+from service.rest.parsing import RequestLimits, decode_base64_image, parse_top_k, read_predict_request
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
+from service.supervisor.server import resolve_device
+from service.worker.engine import bind_worker_device
 
 SMALL_LIMIT = 1000
 
@@ -245,7 +245,7 @@ def test_api_key_stays_out_of_repr_and_as_dict() -> None:
 
 def test_info_lists_devices_flat() -> None:
     """LitServe keeps one device group per worker ([["cuda:0"]] on an H100); /info lists names."""
-    from service.server import device_names
+    from service.supervisor.server import device_names
 
     assert device_names([["cuda:0"]]) == ["cuda:0"]
     assert device_names([["cuda:0"], ["cuda:1"], ["cuda:0"]]) == ["cuda:0", "cuda:1"]
@@ -316,7 +316,7 @@ def test_a_taken_grpc_port_is_refused_before_anything_starts(caplog) -> None:
     """SO_REUSEPORT would let the gRPC servers share a port with a stale server: serve() checks first."""
     import socket
 
-    from service.server import check_port_free, serve
+    from service.supervisor.server import check_port_free, serve
 
     with socket.socket() as holder:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a gRPC server binds it
@@ -340,8 +340,8 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
     so libraries that use the current device (CV-CUDA, nvImageCodec) work on the worker's own GPU."""
     import torch
 
-    from service.api import ClassifierAPI
-    from service.server import build_server
+    from service.supervisor.server import build_server
+    from service.worker.classifier import ClassifierAPI
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     settings = ServeSettings(model="efficientnet-lite0", preprocess="pil", workers_per_device=2)

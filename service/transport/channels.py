@@ -20,7 +20,7 @@ one message per HTTP process. Each ZeroMQ send wakes an I/O thread on both sides
 the largest cost of the transport at thousands of requests per second.
 
 Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests are answered 503.
-Messages are pickled lists; answers are compact ``service.answers.Answer`` values.
+Messages are pickled lists; answers are compact ``service.wire.Answer`` values.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from service.answers import RETRY_HEADERS, Answer, error_answer
-from service.request_parsing import ImageRequest
+from service.rest.parsing import ImageRequest
+from service.wire import RETRY_HEADERS, Answer, error_answer
 
 logger = logging.getLogger(__name__)
 

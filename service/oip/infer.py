@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
-from service.answers import Answer
-from service.image_dispatch import ImageDispatcher
+from service.frontend.dispatch import ImageDispatcher
 from service.metrics import metrics
-from service.oip import InferCall, OipError, failed_items
-from service.request_parsing import header_error
+from service.oip.tensors import InferCall, OipError, failed_items
+from service.rest.parsing import header_error
+from service.wire import Answer
 
 
 async def run_infer(dispatcher: ImageDispatcher, call: InferCall, max_image_pixels: int) -> tuple[list[Answer], float]:

@@ -2,7 +2,7 @@
 
 LitServe 0.2.19's batched loop polls: it asks its queue for one request with a 1 ms timeout, over
 and over, until the batch window ends, and each ask is a round trip to a multiprocessing manager.
-This loop blocks on the first request instead (service/channels.py: a socket of its own), then
+This loop blocks on the first request instead (service/transport/channels.py: a socket of its own), then
 takes whatever else is already queued without waiting, and only then waits out the batch window
 (``--batch-timeout-ms``) if the batch is not full. With the default window of 0 that is greedy
 batching: an idle server runs a lone request at once, and under load batches fill from the
@@ -12,13 +12,13 @@ Requests whose deadline passed while queued are answered 504 here, counted in
 ``vision_serve_requests_expired_total`` and logged as one summary line at most every few seconds.
 
 The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path. What
-it needs of the model is ``BatchedModel`` (service/api.py implements it): each output becomes a
+it needs of the model is ``BatchedModel`` (service/worker/classifier.py implements it): each output becomes a
 compact ``Answer``.
 
 A batch that fails answers 500 and the worker goes on, unless the failure broke the device itself
 (a sticky CUDA error: every later call would fail too). Then the batch is answered 503 (retry-safe)
 and the process exits with ``EXIT_DEVICE_UNUSABLE``, so the main process starts a new worker with a
-new CUDA context (service/worker_watch.py).
+new CUDA context (service/frontend/worker_watch.py).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from preprocessing.device_health import DeviceUnusable
-from service.answers import RETRY_HEADERS, Answer, error_answer
-from service.channels import ChannelConfig, RequestMessage, WorkerChannel
 from service.litserve_bridge import WorkerLoop
 from service.metrics import metrics
+from service.transport.channels import ChannelConfig, RequestMessage, WorkerChannel
+from service.wire import RETRY_HEADERS, Answer, error_answer
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ EXIT_ANSWER_LINGER_MS = 2000
 
 
 class BatchedModel(Protocol):
-    """What the loop needs of the model it serves (service/api.py: ``ClassifierAPI``)."""
+    """What the loop needs of the model it serves (service/worker/classifier.py: ``ClassifierAPI``)."""
 
     max_batch_size: int
     batch_timeout: float  # seconds
@@ -87,7 +87,7 @@ class GreedyBatchedLoop(WorkerLoop):
 
     ``pipeline_depth`` 1 runs each batch start to end: take requests, prepare (``batch``: decode,
     resize, upload), ``predict``, answer. With 2 or more, a thread of its own takes and prepares the
-    next batches while this one runs (on a GPU on a CUDA stream of its own: service/api.py), with at
+    next batches while this one runs (on a GPU on a CUDA stream of its own: service/worker/classifier.py), with at
     most ``pipeline_depth - 1`` prepared batches waiting, so throughput approaches
     1 / max(prepare, predict) instead of 1 / (prepare + predict).
     """

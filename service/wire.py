@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from starlette.responses import Response
 
 from service._defaults import RETRY_AFTER_S
-from service.server_timing import server_timing
+from service.rest.server_timing import server_timing
 
 Prediction = tuple[int, str, float]  # (class index, label, probability)
 # What Starlette's JSONResponse writes (compact, UTF-8, NaN refused), made once.

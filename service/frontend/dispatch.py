@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from fastapi import HTTPException
 
 from service._defaults import RETRY_AFTER_S
-from service.admission import AdmissionGate
-from service.answers import RETRY_HEADERS, Answer, error_answer
-from service.channels import ApiChannel
+from service.frontend.admission import AdmissionGate
+from service.frontend.worker_watch import WorkerWatch
 from service.logs import REQUEST_ID
 from service.metrics import metrics
-from service.request_parsing import ImageRequest
-from service.worker_watch import WorkerWatch
+from service.rest.parsing import ImageRequest
+from service.transport.channels import ApiChannel
+from service.wire import RETRY_HEADERS, Answer, error_answer
 
 
 class ImageDispatcher:

@@ -4,10 +4,10 @@ Nothing here raises for one bad item: decode failures travel through the batch a
 values and become that request's own 4xx. Only a failure of the model itself (a real server
 error) fails the batch.
 
-vision-serve's worker loop (service/batching.py) takes ``ImageRequest`` values parsed in the HTTP
+vision-serve's worker loop (service/worker/loop.py) takes ``ImageRequest`` values parsed in the HTTP
 process and sends ``to_answer``'s compact ``Answer`` back. Under a plain ``ls.LitServer`` the same
 class serves LitServe's way: ``decode_request`` parses a JSON ``{"image": "<base64>"}`` body and
-``encode_response`` renders the JSON (service/answers.py, the same function vision-serve uses).
+``encode_response`` renders the JSON (service/wire.py, the same function vision-serve uses).
 """
 
 from __future__ import annotations
@@ -28,8 +28,13 @@ from PIL import Image
 
 from preprocessing import ImageError, PreparedBatch, create_preprocessor
 from preprocessing.device_health import unusable_device
-from service.answers import Answer, render
-from service.engine import (
+from service.heap import HeapTrimmer, freeze_startup_objects
+from service.logs import configure_logging
+from service.metrics import metrics, record_gpu_memory
+from service.rest.parsing import ImageRequest, image_request_from_json
+from service.settings import ServeSettings, resolve_pipeline_depth
+from service.wire import Answer, render
+from service.worker.engine import (
     ENGINE_EAGER,
     ServedModel,
     bind_worker_device,
@@ -37,11 +42,6 @@ from service.engine import (
     load_eager,
     set_worker_threads,
 )
-from service.heap import HeapTrimmer, freeze_startup_objects
-from service.logs import configure_logging
-from service.metrics import metrics, record_gpu_memory
-from service.request_parsing import ImageRequest, image_request_from_json
-from service.settings import ServeSettings, resolve_pipeline_depth
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class ClassifierAPI(ls.LitAPI):
             self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
         self.torch_device = torch_device
         # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
-        # that work goes on a stream of its own, so it overlaps the engine's (service/batching.py).
+        # that work goes on a stream of its own, so it overlaps the engine's (service/worker/loop.py).
         self.pipelined = resolve_pipeline_depth(self.settings.pipeline_depth, torch_device.type) > 1
         on_gpu = torch_device.type == "cuda"
         self.prepare_stream = torch.cuda.Stream(torch_device) if self.pipelined and on_gpu else None
@@ -230,7 +230,7 @@ class ClassifierAPI(ls.LitAPI):
         return results
 
     def unusable_device(self) -> str | None:
-        """After a failure: why this worker's device no longer runs work, or None (service/batching.py)."""
+        """After a failure: why this worker's device no longer runs work, or None (service/worker/loop.py)."""
         return unusable_device(self.torch_device)
 
     def to_answer(self, output: ItemResult) -> Answer:

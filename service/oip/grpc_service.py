@@ -19,12 +19,13 @@ from collections.abc import Callable
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from service.auth import ApiKeyAuth
-from service.http_observer import NO_ANSWER, client_request_id, log_access
-from service.image_dispatch import ImageDispatcher
+from service.frontend.auth import ApiKeyAuth
+from service.frontend.dispatch import ImageDispatcher
+from service.frontend.observer import NO_ANSWER, client_request_id, log_access
 from service.logs import REQUEST_ID
 from service.metrics import metrics
-from service.oip import (
+from service.oip.infer import run_infer
+from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     EXTENSIONS,
     INPUT_NAME,
@@ -42,8 +43,7 @@ from service.oip import (
     parse_output,
     parse_top_k,
 )
-from service.oip_infer import run_infer
-from service.request_parsing import RequestLimits
+from service.rest.parsing import RequestLimits
 
 logger = logging.getLogger(__name__)
 

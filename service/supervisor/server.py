@@ -32,15 +32,12 @@ from compile.manifest import Manifest
 from compile.versions import PROJECT_DISTRIBUTION, package_version
 from preprocessing import resolve_preprocess_backend
 from service import _defaults
-from service.admission import AdmissionGate
-from service.api import ClassifierAPI
-from service.auth import ApiKeyAuth
-from service.batching import GreedyBatchedLoop
-from service.channels import ApiChannel, ChannelConfig
-from service.engine import ENGINE_EAGER, ensure_servable
+from service.frontend.admission import AdmissionGate
+from service.frontend.auth import ApiKeyAuth
+from service.frontend.dispatch import ImageDispatcher
+from service.frontend.observer import HttpObserver
+from service.frontend.worker_watch import WorkerWatch, restart_dead_workers
 from service.heap import freeze_startup_objects
-from service.http_observer import HttpObserver
-from service.image_dispatch import ImageDispatcher
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed, add_fast_route
 from service.logs import adopt_library_loggers
 from service.metrics import (
@@ -54,12 +51,15 @@ from service.metrics import (
     metrics,
     multiprocess_mode,
 )
-from service.oip_http import OipInferEndpoint, add_oip_routes, infer_paths
-from service.predict_endpoint import OPENAPI_EXTRA, PredictEndpoint
-from service.request_parsing import RequestLimits
+from service.oip.rest import OipInferEndpoint, add_oip_routes, infer_paths
+from service.rest.parsing import RequestLimits
+from service.rest.predict import OPENAPI_EXTRA, PredictEndpoint
+from service.rest.upload_page import upload_page
 from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
-from service.upload_page import upload_page
-from service.worker_watch import WorkerWatch, restart_dead_workers
+from service.transport.channels import ApiChannel, ChannelConfig
+from service.worker.classifier import ClassifierAPI
+from service.worker.engine import ENGINE_EAGER, ensure_servable
+from service.worker.loop import GreedyBatchedLoop
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +101,11 @@ class VisionLitServer(LitServerBridge):
 
     - ``POST /predict`` (``PredictEndpoint``): limits checked in the HTTP process, a bounded queue
       (503 + Retry-After beyond it), a deadline that covers running work (504). Requests go to the
-      workers and answers come back over service/channels.py, not LitServe's manager queues.
+      workers and answers come back over service/transport/channels.py, not LitServe's manager queues.
     - ``/health`` (alive), ``/ready`` (every worker loaded and warmed) and ``/metrics`` (Prometheus,
       service/metrics.py) answer without a key; with ``--api-key``, ``/predict`` and ``/info`` need it.
     - Every response carries ``X-Request-ID``; the access log and ``vision_serve_requests_total``
-      come from one middleware (service/http_observer.py).
+      come from one middleware (service/frontend/observer.py).
     - A worker that dies is restarted; the requests it held get 503 at once (``WorkerWatch``).
     - Stopping, also from a signal handler while workers start, takes LitServe's own graceful path:
       uvicorn stops accepting and finishes the requests it holds while the inference workers still
@@ -218,7 +218,7 @@ class VisionLitServer(LitServerBridge):
         self.register_oip_routes(app, check_auth)
 
     def register_oip_routes(self, app: FastAPI, check_auth: ApiKeyAuth | None) -> None:
-        """The Open Inference Protocol (service/oip_http.py); the served model's infer paths skip
+        """The Open Inference Protocol (service/oip/rest.py); the served model's infer paths skip
         FastAPI's stack as /predict does."""
         oip_endpoint = OipInferEndpoint(self.dispatcher, self.limits, lambda: self.settings.model, check_auth)
         for path in infer_paths(self.settings.model):
@@ -286,8 +286,8 @@ class VisionLitServer(LitServerBridge):
             channel.close()
 
     async def start_grpc(self) -> object:
-        """The Open Inference Protocol's gRPC service in this HTTP process (service/oip_grpc.py)."""
-        from service.oip_grpc import InferenceServicer, start_grpc_server  # grpc only where it is on
+        """The Open Inference Protocol's gRPC service in this HTTP process (service/oip/grpc_service.py)."""
+        from service.oip.grpc_service import InferenceServicer, start_grpc_server  # grpc only where it is on
 
         settings = self.settings
         servicer = InferenceServicer(
@@ -524,7 +524,7 @@ def _run(server: VisionLitServer, settings: ServeSettings) -> int:
             log_level=settings.log_level,
             generate_client_file=False,  # LitServe would otherwise write client.py into the cwd
             # uvicorn: no handlers of its own (its records reach ours, service/logs.py), and no access
-            # log (ours has the request id, service/http_observer.py).
+            # log (ours has the request id, service/frontend/observer.py).
             log_config=None,
             access_log=False,
         )

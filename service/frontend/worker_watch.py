@@ -3,7 +3,7 @@
 - ``WorkerWatch`` runs in every HTTP process. It keeps a fresh copy of the workers' setup states
   (for ``/ready``, and to send work only to ready workers) and, on every poll, answers with 503
   the unanswered requests this process sent to any worker that is not ready: it died and is being
-  restarted. The HTTP process picks the worker of every request (service/channels.py), so it knows
+  restarted. The HTTP process picks the worker of every request (service/transport/channels.py), so it knows
   exactly which requests a dead worker held. (A restart faster than a poll, which takes seconds of
   model loading, would be missed; the deadline still answers those requests.)
 - ``restart_dead_workers`` runs in the main process: it notices a dead worker within a poll
@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from service.answers import RETRY_HEADERS, Answer, error_answer
-from service.channels import ApiChannel
 from service.litserve_bridge import READY
+from service.transport.channels import ApiChannel
+from service.wire import RETRY_HEADERS, Answer, error_answer
 
 logger = logging.getLogger(__name__)
 

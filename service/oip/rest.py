@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.image_dispatch import ImageDispatcher
-from service.oip import (
+from service.frontend.dispatch import ImageDispatcher
+from service.oip.infer import run_infer
+from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     EXTENSIONS,
     MODEL_VERSION,
@@ -37,9 +38,8 @@ from service.oip import (
     parse_output,
     parse_top_k,
 )
-from service.oip_infer import run_infer
-from service.request_parsing import RequestLimits, read_body
-from service.server_timing import server_timing
+from service.rest.parsing import RequestLimits, read_body
+from service.rest.server_timing import server_timing
 
 HEADER_LENGTH = "inference-header-content-length"
 SERVER_NAME = "vision-serve"

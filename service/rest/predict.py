@@ -1,7 +1,7 @@
 """``POST /predict``: parse and check in the HTTP process, then classify through ``ImageDispatcher``
 (admit or shed, send to the workers, answer by the deadline).
 
-The workers' compact answers become JSON here (service/answers.py). The deadline covers running
+The workers' compact answers become JSON here (service/wire.py). The deadline covers running
 work: a request in a batch that runs for minutes still gets its 504 on time. A request of several
 images answers ``{"results": [...]}``, each image with its own outcome.
 """
@@ -13,10 +13,10 @@ from collections.abc import Callable
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.answers import Answer, render, render_many
-from service.image_dispatch import ImageDispatcher
+from service.frontend.dispatch import ImageDispatcher
 from service.metrics import metrics
-from service.request_parsing import RequestLimits, check_image_header, header_error, read_predict_request
+from service.rest.parsing import RequestLimits, check_image_header, header_error, read_predict_request
+from service.wire import Answer, render, render_many
 
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
 OPENAPI_EXTRA = {

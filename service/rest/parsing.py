@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from preprocessing.base import ImageDecodeError
 from preprocessing.probe import check_image_header as check_header
 from service import _defaults
-from service.answers import Answer, error_answer
+from service.wire import Answer, error_answer
 
 # The form has an image and maybe top_k; a few more fields are tolerated, thousands are not.
 MAX_FORM_FIELDS = 16
@@ -42,7 +42,7 @@ class ImageRequest:
     # time.monotonic() when the HTTP process queued it (system-wide on Linux, so the worker can
     # subtract it from its own clock): the start of the queue wait reported in Server-Timing.
     queued_at: float | None = None
-    request_id: str | None = None  # for the worker's logs (service/http_observer.py)
+    request_id: str | None = None  # for the worker's logs (service/frontend/observer.py)
 
 
 def parse_top_k(raw: object) -> int:

@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2; Triton's HTTP/REST and gRPC API) for an image classifier.
 
 What an infer request asks for and what its outputs hold, independent of the transport: the HTTP
-routes (service/oip_http.py) and the gRPC service (service/oip_grpc.py) move the bytes.
+routes (service/oip/rest.py) and the gRPC service (service/oip/grpc_service.py) move the bytes.
 
 The model, as its metadata tells clients:
 - input ``IMAGE``: the encoded image files, ``BYTES`` of shape ``[N]`` or ``[N, 1]`` (base64
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import _defaults
-from service.answers import Answer
+from service.wire import Answer
 
 INPUT_NAME = "IMAGE"
 LABELS, PROBABILITIES, CLASS_INDICES = "LABELS", "PROBABILITIES", "CLASS_INDICES"

@@ -1,0 +1,1 @@
+"""The channels between HTTP processes and inference workers (ZeroMQ over Unix sockets): both ends."""
