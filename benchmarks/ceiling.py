@@ -57,7 +57,7 @@ def until_device_done(fn: Callable[[], object], device: torch.device) -> Callabl
 
 
 def classify_call(served: ServedModel, images: torch.Tensor, device: torch.device) -> Callable[[], object]:
-    """What ``ClassifierAPI._classify`` runs on a prepared batch: model, softmax, top-5 to the host."""
+    """What ``Classifier.run`` runs on a prepared batch: model, softmax, top-5 to the host."""
 
     def call() -> object:
         with torch.inference_mode():

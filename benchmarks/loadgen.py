@@ -101,6 +101,7 @@ class Sample:
     batch_size: int | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    lag_ms: float = 0.0  # open loop: how long after its scheduled time the client actually sent it
 
 
 def parse_server_timing(header: str | None) -> dict[str, float]:
@@ -165,11 +166,13 @@ class _Sender:
 
     async def send(self, index: int, scheduled: float | None = None) -> Sample:
         body, headers = self.bodies[index % len(self.bodies)]
-        sent = time.perf_counter() if scheduled is None else scheduled
+        actual = time.perf_counter()
+        sent = actual if scheduled is None else scheduled
+        lag_ms = (actual - sent) * 1e3
         try:
             response = await self.client.post(self.url, content=body, headers=headers)
         except httpx.HTTPError as exc:
-            return Sample(sent - self.started, (time.perf_counter() - sent) * 1e3, None, error=repr(exc))
+            return Sample(sent - self.started, (time.perf_counter() - sent) * 1e3, None, error=repr(exc), lag_ms=lag_ms)
         latency_ms = (time.perf_counter() - sent) * 1e3
         batch = response.headers.get("X-Batch-Size")
         return Sample(
@@ -179,6 +182,7 @@ class _Sender:
             int(batch) if batch and batch.isdigit() else None,
             parse_server_timing(response.headers.get("Server-Timing")),
             None if response.status_code == 200 else response.text[:200],
+            lag_ms,
         )
 
 
@@ -319,6 +323,8 @@ class LoadResult:
                 "max": latencies[-1] if latencies else math.nan,
             },
             "server_ms_median": breakdown,
+            # Open loop: a client that sends late hides queueing; latency counts from the schedule anyway.
+            "send_lag_ms_max": max((s.lag_ms for s in self.samples), default=0.0),
             "batch_sizes": {str(size): n for size, n in sorted(batches.items())},
             "batch_size_mean": (sum(size * n for size, n in batches.items()) / sum(batches.values()))
             if batches

@@ -9,7 +9,7 @@ batch while this one runs). Requests are all queued up front, so every batch is 
 1. Stand-in stages of known duration that release the GIL (``time.sleep``), as GPU work does:
    throughput should reach 1 / max(prepare, predict) with the pipeline and 1 / (prepare + predict)
    without it.
-2. The real ClassifierAPI on this machine's CPU (Pillow decode, eager model), which decides whether
+2. The real Classifier on this machine's CPU (Pillow decode, eager model), which decides whether
    the pipeline is on for CPU serving: on a CPU both stages want the same cores.
 
 Results: ``pipeline.json`` and ``pipeline.md`` in the results folder.
@@ -27,16 +27,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zmq
 
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
-from service.rest.parsing import ImageRequest
 from service.transport.channels import ChannelConfig, WorkerChannel
-from service.wire import Answer
-from service.worker.loop import GreedyBatchedLoop
+from service.wire import Answer, ImageRequest, QueuedRequest
+from service.worker.loop import BatchedModel, BatchPolicy, GreedyBatchedLoop
 
 BATCH = 8
 STAND_IN_CASES_MS = ((20.0, 20.0), (10.0, 30.0), (30.0, 10.0))
@@ -45,37 +43,25 @@ REPEATS = 3
 
 
 @dataclass
-class StandInAPI:
-    """Prepare and predict take fixed times and release the GIL, like GPU work behind a sync."""
+class StandInModel:
+    """Prepare and run take fixed times and release the GIL, like GPU work behind a sync."""
 
     prepare_s: float
-    predict_s: float
-    max_batch_size: int = BATCH
-    batch_timeout: float = 0.0
-    request_timeout: float = 600.0
+    run_s: float
 
-    def decode_request(self, request: Any) -> Any:
-        return request
-
-    def batch(self, inputs: list) -> list:
+    def prepare(self, requests: list[ImageRequest]) -> list[ImageRequest]:
         time.sleep(self.prepare_s)
-        return inputs
+        return requests
 
-    def predict(self, batch: list) -> list:
-        time.sleep(self.predict_s)
-        return batch
-
-    def unbatch(self, output: list) -> list:
-        return output
-
-    def to_answer(self, output: Any) -> Answer:
-        return Answer(batch_size=1)
+    def run(self, prepared: list[ImageRequest]) -> list[Answer]:
+        time.sleep(self.run_s)
+        return [Answer(batch_size=len(prepared))] * len(prepared)
 
     def unusable_device(self) -> str | None:
         return None
 
 
-def images_per_second(api: Any, requests: list[ImageRequest], depth: int) -> float:
+def images_per_second(model: BatchedModel, requests: list[ImageRequest], depth: int) -> float:
     """All ``requests`` queued, the loop started; the rate at which their answers come back."""
     with tempfile.TemporaryDirectory(prefix="pipeline-") as tmp:
         config = ChannelConfig(tmp, api_servers=1, workers=1)
@@ -86,18 +72,19 @@ def images_per_second(api: Any, requests: list[ImageRequest], depth: int) -> flo
         sender.connect(config.request_address(0))
         worker = WorkerChannel(config, 0)
         for uid, request in enumerate(requests):
-            sender.send(pickle.dumps((0, uid, time.monotonic(), request)))
+            sender.send(pickle.dumps([QueuedRequest(0, uid, request)]))
         time.sleep(0.2)  # let the local socket deliver them all before the clock starts
-        loop, stop = GreedyBatchedLoop(config, pipeline_depth=depth), threading.Event()
+        loop = GreedyBatchedLoop(config, BatchPolicy(BATCH, 0.0, 600.0, depth))
+        stop = threading.Event()
         if depth > 1:
-            thread = threading.Thread(target=loop.serve_pipelined, args=(api, worker, 0, stop), daemon=True)
+            thread = threading.Thread(target=loop.serve_pipelined, args=(model, worker, 0, stop), daemon=True)
         else:
 
             def sequential() -> None:
                 while not stop.is_set():
-                    batch = loop.get_batch(api, worker)
+                    batch = loop.get_batch(worker)
                     if batch:
-                        loop.run_batch(api, worker, 0, batch)
+                        loop.run_batch(model, worker, 0, batch)
 
             thread = threading.Thread(target=sequential, daemon=True)
         started = time.perf_counter()
@@ -117,8 +104,8 @@ def stand_in_results() -> list[dict]:
     rows = []
     requests = [ImageRequest(b"x")] * (BATCH * STAND_IN_BATCHES)
     for prepare_ms, predict_ms in STAND_IN_CASES_MS:
-        api = StandInAPI(prepare_ms / 1e3, predict_ms / 1e3)
-        rates = {d: statistics.median(images_per_second(api, requests, d) for _ in range(REPEATS)) for d in (1, 2)}
+        model = StandInModel(prepare_ms / 1e3, predict_ms / 1e3)
+        rates = {d: statistics.median(images_per_second(model, requests, d) for _ in range(REPEATS)) for d in (1, 2)}
         bound = BATCH / (max(prepare_ms, predict_ms) / 1e3)
         rows.append(
             {
@@ -140,7 +127,7 @@ def stand_in_results() -> list[dict]:
 
 def real_model_results(models: Sequence[str], images: int) -> list[dict]:
     from service.settings import ServeSettings
-    from service.worker.classifier import ClassifierAPI
+    from service.worker.classifier import Classifier
 
     width, height = IMAGENET_SIZE
     jpegs = photo_jpegs(width, height)
@@ -148,10 +135,12 @@ def real_model_results(models: Sequence[str], images: int) -> list[dict]:
     rows = []
     for model in models:
         weights = "imagenet" if model == "efficientnet-lite0" else "random"
-        api = ClassifierAPI(ServeSettings(model=model, weights=weights, device="cpu", max_batch_size=BATCH))
-        api.setup("cpu")
-        api.request_timeout = 600.0
-        rates = {d: statistics.median(images_per_second(api, requests, d) for _ in range(REPEATS)) for d in (1, 2)}
+        classifier = Classifier.load(
+            ServeSettings(model=model, weights=weights, device="cpu", max_batch_size=BATCH), "cpu"
+        )
+        rates = {
+            d: statistics.median(images_per_second(classifier, requests, d) for _ in range(REPEATS)) for d in (1, 2)
+        }
         rows.append(
             {
                 "model": model,

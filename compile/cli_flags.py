@@ -36,6 +36,16 @@ def check_device_flag(device: str) -> None:
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}.")
 
 
+def visible_device(index: int, visible_devices: str | None) -> str:
+    """GPU ``index`` as torch numbers it (within ``CUDA_VISIBLE_DEVICES``) as the machine names it: the
+    entry of ``visible_devices`` at that place (a number, or a ``GPU-...``/``MIG-...`` UUID), else the
+    index itself. What a worker shown one GPU must be given, and what nvidia-smi calls it."""
+    visible = [d.strip() for d in visible_devices.split(",")] if visible_devices else []
+    if index < len(visible) and visible[index]:
+        return visible[index]
+    return str(index)
+
+
 def add_settings_flags(
     parser: argparse.ArgumentParser,
     settings_type: type,

@@ -6,8 +6,6 @@ import importlib.metadata
 import platform
 import re
 
-import torch
-
 # This project's distribution name, as pip and importlib.metadata know it.
 PROJECT_DISTRIBUTION = "vision-serve"
 
@@ -32,6 +30,8 @@ def library_version(name: str) -> str | None:
 
 def library_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     """Versions of the libraries an artifact depends on (those installed among ``extra`` too)."""
+    import torch  # here, not at the top: the server's main process reads package versions without it
+
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("torchvision", *extra):
         version = library_version(name)

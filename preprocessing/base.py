@@ -15,23 +15,10 @@ from typing import ClassVar
 
 import torch
 
+from preprocessing.errors import ImageDecodeError, ImageError
 from preprocessing.spec import PreprocessSpec
 
-
-@dataclass(frozen=True)
-class ImageError:
-    """Why one input could not be turned into model input; maps straight onto an HTTP answer."""
-
-    status_code: int
-    detail: str
-
-
-class ImageDecodeError(Exception):
-    """Raised inside a backend for one item; the backend turns it into an ``ImageError``."""
-
-    def __init__(self, status_code: int, detail: str) -> None:
-        super().__init__(detail)
-        self.error = ImageError(status_code, detail)
+__all__ = ["ImageDecodeError", "ImageError", "Normalizer", "PreparedBatch", "Preprocessor"]
 
 
 @dataclass

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from preprocessing.errors import DeviceUnusable
 
-class DeviceUnusable(RuntimeError):
-    """The device no longer runs work in this process; only a new process can use it again."""
+__all__ = ["DeviceUnusable", "unusable_device"]
 
 
 def unusable_device(device: torch.device | str) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from preprocessing import _defaults
-from preprocessing.base import ImageDecodeError
+from preprocessing.errors import ImageDecodeError
 
 SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
 # Pillow decoders we let near untrusted bytes: the formats we promise, nothing more (no EPS, which

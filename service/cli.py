@@ -101,27 +101,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     settings = resolved.settings
     configure_logging(settings.log_level, settings.log_format)
-    from service.supervisor.server import build_server, serve  # imports torch and litserve; keep --help fast
+    if (
+        not settings.artifact
+        and settings.weights not in ("imagenet", "random")
+        and not Path(settings.weights).expanduser().is_file()
+    ):
+        parser.error(f"--weights {settings.weights!r}: no such file. Use imagenet, random, or a state_dict file path.")
+    from service.supervisor.plan import start_planning
+
+    planning = start_planning(settings)  # a child process with torch; meanwhile this one imports its web stack
+    from service.supervisor.server import build_server, serve
 
     adopt_library_loggers()  # importing litserve gave its logger a handler of its own
-
     try:
-        if (
-            not settings.artifact
-            and settings.weights not in ("imagenet", "random")
-            and not Path(settings.weights).expanduser().is_file()
-        ):
-            raise ValueError(
-                f"--weights {settings.weights!r}: no such file. Use imagenet, random, or a state_dict file path."
-            )
-        server = build_server(settings)
+        plan = planning.result()
     except ValueError as exc:
         parser.error(str(exc))
-    if settings.artifact:  # AOTInductor CUDA packages need it in the workers that load them
+    if plan.settings.artifact:  # AOTInductor CUDA packages need it in the workers that load them
         from compile.libstdcxx import preload_for_children
 
-        preload_for_children(settings.device)
-    return serve(settings, server)
+        preload_for_children(plan.settings.device)
+    return serve(build_server(plan))
 
 
 if __name__ == "__main__":

@@ -63,13 +63,14 @@ def pick_model(requested: str) -> tuple[str, str]:
 
 
 def compile_for_demo(model: str) -> Path | None:
-    """compile-trt with its defaults (TensorRT on a GPU that has it, else AOTInductor), as the user would."""
+    """compile-trt with its defaults, as the user would: ``--backend auto`` picks the engine for this
+    machine (docs/compiling.md#which-engine; ONNX Runtime at fp32 on a CPU)."""
     from compile.backends import BackendUnavailable
     from compile.build import GateFailed, compile_artifact
     from compile.progress import Progress
     from compile.settings import CompileSettings
 
-    print(f"Compiling {model} with compile-trt (AOTInductor on CPU takes 20-90 s; cached afterwards) ...", flush=True)
+    print(f"Compiling {model} with compile-trt (seconds to a minute or two; cached afterwards) ...", flush=True)
     try:
         result = compile_artifact(CompileSettings(model=model), Progress())
     except (GateFailed, BackendUnavailable, ValueError) as exc:

@@ -1,16 +1,13 @@
 """Give freed heap memory back to the OS when the worker goes idle, so its resident memory stays flat.
 
-Seen in the soak (benchmarks/soak.py): an inference worker's RSS grew over a few thousand
-requests and then plateaued, while one ``malloc_trim(0)`` brought it back below its
-post-warm-up size. It is glibc keeping freed chunks of decoded images and varying batch tensors in
-its arenas, not a leak. ``MALLOC_MMAP_THRESHOLD_`` kept it flat too but cost throughput (a page
-fault per large buffer).
+glibc keeps freed chunks of decoded images and of batch tensors of varying sizes in its arenas, so
+a worker's resident memory grows under load without leaking (the soak, benchmarks/soak.py, watches
+it); ``malloc_trim(0)`` hands them back. Lowering ``MALLOC_MMAP_THRESHOLD_`` instead would cost a
+page fault per large buffer.
 
 A trim while a batch runs costs that batch: it holds the allocator's locks and hands back pages the
-model then faults in again (measured with a trim every second and without:
-benchmarks/results/vm-2cpu-2026-11-21/profile.md, item 3). So the trimmer waits for a pause: it
-trims once the worker has been idle for ``IDLE_BEFORE_TRIM_S``, and under unbroken load at most
-once per ``MAX_TRIM_GAP_S``.
+model then faults in again. So the trimmer waits for a pause: it trims once the worker has been idle
+for ``IDLE_BEFORE_TRIM_S``, and under unbroken load at most once per ``MAX_TRIM_GAP_S``.
 """
 
 from __future__ import annotations
@@ -106,12 +103,11 @@ class HeapTrimmer:
 def freeze_startup_objects() -> None:
     """Move every object alive now out of the garbage collector's reach (``gc.freeze``).
 
-    A server process holds hundreds of thousands of long-lived objects (torch, the model, FastAPI)
-    that the collector's full passes walk again and again, stalling every request in flight in an
-    HTTP process: they made the whole tail of the latency distribution (pass times and the p99
-    before and after: benchmarks/results/vm-2cpu-2026-11-23/README.md). Called in the main process
-    just before the HTTP processes fork (they inherit the frozen set) and in each worker once its
-    model is loaded; what is made afterwards is still collected as usual.
+    A server process holds many long-lived objects (the web stack; in a worker, torch and the model)
+    that the collector's full passes would walk again and again, stalling every request in flight
+    while they run. Called in the main process just before the HTTP processes fork (they inherit the
+    frozen set) and in each worker once its model is loaded; what is made afterwards is still
+    collected as usual.
     """
     gc.collect()
     gc.freeze()

@@ -14,14 +14,14 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 import litserve as ls
 from fastapi import FastAPI
 from litserve.loops.base import DefaultLoop
-from litserve.utils import WorkerSetupStatus, wrap_litserve_start
+from litserve.utils import WorkerSetupStatus
 
 SUPPORTED_LITSERVE = "0.2.19"
 
@@ -59,7 +59,8 @@ def worker_id_of(status_key: str) -> int:
 class WorkerLoop(DefaultLoop):
     """A worker's loop: LitServe calls it once, after ``setup`` and after marking the worker ready.
 
-    Subclasses implement ``serve(lit_api, worker_id)``, which runs until the process is stopped.
+    Subclasses implement ``serve(model, worker_id)``, which runs until the process is stopped;
+    ``model`` is what the LitAPI's ``setup`` loaded (``lit_api.model``: service/worker/entry.py).
     LitServe also hands over its request queue and response transport; they are not used.
     """
 
@@ -73,10 +74,10 @@ class WorkerLoop(DefaultLoop):
         workers_setup_status: object,
         callback_runner: object,
     ) -> None:
-        self.serve(lit_api, worker_id)
+        self.serve(lit_api.model, worker_id)
 
     @abc.abstractmethod
-    def serve(self, lit_api: ls.LitAPI, worker_id: int) -> None: ...
+    def serve(self, model: object, worker_id: int) -> None: ...
 
 
 class LitServerBridge(ls.LitServer):
@@ -183,8 +184,8 @@ class LitServerBridge(ls.LitServer):
 
 class _AppWithFastRoutes(FastAPI):
     """A FastAPI app that answers a few (method, path) pairs with plain ASGI handlers, ahead of its
-    own middleware, routing and dependency stack (which cost more per request than everything else
-    in the HTTP process together, measured). Every other request takes FastAPI's path."""
+    own middleware, routing and dependency stack, the largest cost of a request in the HTTP process.
+    Every other request takes FastAPI's path."""
 
     fast_routes: dict[tuple[str, str], Callable[..., Any]]
 
@@ -207,11 +208,3 @@ def add_fast_route(app: FastAPI, method: str, path: str, handler: Callable[..., 
         app.__class__ = _AppWithFastRoutes
         app.fast_routes = {}
     app.fast_routes[(method, path)] = handler
-
-
-@contextlib.contextmanager
-def started_in_process(server: LitServerBridge) -> Iterator[LitServerBridge]:
-    """The workers started and the app ready for an in-process ASGI client (one HTTP process, id 0),
-    as LitServe's own test helper does; for tests."""
-    with wrap_litserve_start(server) as started:
-        yield started

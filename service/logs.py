@@ -87,8 +87,7 @@ def configure_logging(level: str, log_format: str = "text", stream: TextIO | Non
     root.addHandler(handler)
     root.setLevel(level.upper())
     # No format here shows a record's source file, line or thread: skip finding them for each record
-    # (the optimization the logging HOWTO names; what it saved per access-log line is in
-    # benchmarks/results/vm-2cpu-2026-11-23/README.md).
+    # (the optimization the logging HOWTO names), which every access-log line would pay for.
     logging._srcfile = None
     logging.logThreads = False
     logging.captureWarnings(True)  # warnings.warn() lines in the same format, not bare on stderr

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from compile.cli_flags import visible_device
+
 logger = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -195,11 +197,8 @@ def mark_process_dead(pid: int | None) -> None:
 
 def physical_gpu(index: int, visible_devices: str | None) -> str:
     """The GPU as nvidia-smi names it: a worker shown one GPU through CUDA_VISIBLE_DEVICES calls it cuda:0."""
-    visible = [d.strip() for d in visible_devices.split(",")] if visible_devices else []
-    if index < len(visible) and visible[index]:
-        name = visible[index]
-        return f"cuda:{name}" if name.isdigit() else name  # an index, or a GPU-... / MIG-... UUID
-    return f"cuda:{index}"
+    name = visible_device(index, visible_devices)
+    return f"cuda:{name}" if name.isdigit() else name  # an index, or a GPU-... / MIG-... UUID
 
 
 def record_gpu_memory(device: Any) -> None:

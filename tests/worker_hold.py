@@ -37,9 +37,18 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = HOLD_T
         time.sleep(0.01)
 
 
+def gauge(url: str, name: str) -> int:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match, f"no {name} in /metrics"
+    return int(float(match.group(1)))
+
+
 def in_flight(url: str) -> int:
     """Images the server has admitted and not answered (the ``vision_serve_requests_in_flight`` gauge)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    match = re.search(r"^vision_serve_requests_in_flight (\S+)$", text, re.M)
-    assert match, "no vision_serve_requests_in_flight in /metrics"
-    return int(float(match.group(1)))
+    return gauge(url, "vision_serve_requests_in_flight")
+
+
+def queue_depth(url: str) -> int:
+    """Images admitted and not in a running batch (the ``vision_serve_queue_depth`` gauge)."""
+    return gauge(url, "vision_serve_queue_depth")

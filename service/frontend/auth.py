@@ -10,11 +10,13 @@ compares in constant time.
 import hmac
 from collections.abc import Mapping
 
-from fastapi import HTTPException, Request
+from starlette.requests import Request
+
+from service.errors import ServiceError
 
 
 class ApiKeyAuth:
-    """A FastAPI dependency: passes when the request carries the key, raises 401 otherwise."""
+    """A FastAPI dependency: passes when the request carries the key, raises ``ServiceError`` 401 otherwise."""
 
     def __init__(self, api_key: str) -> None:
         if not api_key:
@@ -38,8 +40,7 @@ class ApiKeyAuth:
 
     def __call__(self, request: Request) -> None:
         if not self.matches(self.supplied_key(request.headers)):
-            raise HTTPException(
-                401,
-                "Missing or wrong API key. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'.",
-                headers={"WWW-Authenticate": "Bearer"},
+            # A 401 carries WWW-Authenticate: Bearer in every HTTP protocol (service/errors.py).
+            raise ServiceError(
+                401, "Missing or wrong API key. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'."
             )

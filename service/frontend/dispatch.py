@@ -10,63 +10,72 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from fastapi import HTTPException
-
+from preprocessing.errors import ImageDecodeError
+from preprocessing.probe import check_image_header
 from service._defaults import RETRY_AFTER_S
+from service.errors import ServiceError
 from service.frontend.admission import AdmissionGate
 from service.frontend.worker_watch import WorkerWatch
 from service.logs import REQUEST_ID
 from service.metrics import metrics
-from service.rest.parsing import ImageRequest
 from service.transport.channels import ApiChannel
-from service.wire import RETRY_HEADERS, Answer, error_answer
+from service.wire import Answer, ImageRequest, error_answer
+
+
+def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
+    """The image's own 4xx ``Answer`` if what no decoder should see (not an image, a corrupt header,
+    too many pixels), else ``None``. Only the header is parsed, so a decompression bomb costs
+    microseconds and never reaches a decoder or a queue slot; the worker probes again."""
+    try:
+        check_image_header(image, max_image_pixels)
+    except ImageDecodeError as exc:
+        return error_answer(exc.error.status_code, exc.error.detail)
+    return None
 
 
 class ImageDispatcher:
-    """``channel`` and ``watch`` return the HTTP process's own (made in its lifespan; ``None`` before)."""
+    """Admits images under the server-wide ``gate``, sends each to a ready worker, and waits for the
+    answers until ``timeout_s``. Made before the HTTP processes fork; each one then ``attach``es
+    its own channel and worker watch (service/frontend/process.py), and answers 503 until it has."""
 
-    def __init__(
-        self,
-        channel: Callable[[], ApiChannel | None],
-        watch: Callable[[], WorkerWatch | None],
-        gate: AdmissionGate,
-        timeout_s: float,
-    ) -> None:
-        self.channel = channel
-        self.watch = watch
+    def __init__(self, gate: AdmissionGate, timeout_s: float) -> None:
         self.gate = gate
         self.timeout_s = timeout_s
+        self.channel: ApiChannel | None = None
+        self.watch: WorkerWatch | None = None
         self._uids = itertools.count()
+
+    def attach(self, channel: ApiChannel, watch: WorkerWatch) -> None:
+        self.channel, self.watch = channel, watch
+
+    def detach(self) -> None:
+        self.channel = self.watch = None
 
     async def classify(self, images: Sequence[bytes], top_k: int) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order, and the milliseconds from admission to the last one.
 
-        Raises ``HTTPException`` 503 (with Retry-After) when no worker is ready or the images do not
-        fit under ``--max-queue`` now, 413 if they never could; an image without an answer by the
-        deadline gets a 504 ``Answer``.
+        Raises ``ServiceError`` 503 (retry later) when no worker is ready or the images do not fit
+        under ``--max-queue`` now, 413 if they never could; an image without an answer by the deadline
+        gets a 504 ``Answer``.
         """
-        watch, channel = self.watch(), self.channel()
+        channel, watch = self.channel, self.watch
         ready = () if watch is None or channel is None else watch.ready_workers
         if not ready:
-            raise HTTPException(
-                503,
-                "No inference worker is ready (the server is starting, or restarting a worker); retry shortly.",
-                headers=RETRY_HEADERS,
+            raise ServiceError.retry_later(
+                "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
             )
         if len(images) > self.gate.limit:  # could never be admitted: retrying would not help
-            raise HTTPException(
+            raise ServiceError(
                 413,
                 f"The request has {len(images)} images; the server admits at most {self.gate.limit} at once "
                 "(--max-queue). Send fewer images per request.",
             )
         if not self.gate.try_admit(len(images)):
-            raise HTTPException(
-                503,
+            raise ServiceError.retry_later(
                 f"The server is at its limit of {self.gate.limit} queued images (--max-queue); retry after "
-                f"{RETRY_AFTER_S} s.",
-                headers=RETRY_HEADERS,
+                f"{RETRY_AFTER_S} s."
             )
         try:
             return await self._send_and_wait(channel, ready, images, top_k)
@@ -86,8 +95,7 @@ class ImageDispatcher:
             for uid, image in zip(uids, images, strict=True):
                 # Picked per image: each pick counts the images before it, so several workers share a request.
                 worker_id = channel.pick_worker(ready)
-                queued = ImageRequest(image, top_k, queued_at, request_id)
-                futures.append(channel.submit(worker_id, uid, queued_at, queued))
+                futures.append(channel.submit(worker_id, uid, ImageRequest(image, top_k, queued_at, request_id)))
             # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
             expiry = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, futures)
             try:

@@ -19,8 +19,10 @@ from collections.abc import Callable
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from service.errors import ServiceError
 from service.frontend.auth import ApiKeyAuth
 from service.frontend.dispatch import ImageDispatcher
+from service.frontend.http_common import RequestLimits
 from service.frontend.observer import NO_ANSWER, client_request_id, log_access
 from service.logs import REQUEST_ID
 from service.metrics import metrics
@@ -30,9 +32,9 @@ from service.oip.tensors import (
     EXTENSIONS,
     INPUT_NAME,
     MODEL_VERSION,
+    SERVER_NAME,
     TOP_K_PARAMETER,
     InferCall,
-    OipError,
     all_outputs,
     build_outputs,
     check_input,
@@ -43,11 +45,9 @@ from service.oip.tensors import (
     parse_output,
     parse_top_k,
 )
-from service.rest.parsing import RequestLimits
 
 logger = logging.getLogger(__name__)
 
-SERVER_NAME = "vision-serve"
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # the access log's path for ModelInfer
 GRPC_STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -62,20 +62,25 @@ GRPC_STATUS = {
 }
 
 
+def grpc_status(error: ServiceError) -> grpc.StatusCode:
+    """The gRPC status of a ``ServiceError``: the one mapping of this protocol."""
+    return GRPC_STATUS.get(error.status, grpc.StatusCode.UNKNOWN)
+
+
 def parameter_value(parameter: service_pb2.InferParameter) -> object:
     choice = parameter.WhichOneof("parameter_choice")
     return None if choice is None else getattr(parameter, choice)
 
 
 def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) -> InferCall:
-    """A ModelInferRequest as an ``InferCall``; ``OipError`` 400 for what the model cannot take."""
+    """A ModelInferRequest as an ``InferCall``; ``ServiceError`` 400 for what the model cannot take."""
     if len(request.inputs) != 1:
-        raise OipError(400, f"The infer request needs one input, {INPUT_NAME} (the image files).")
+        raise ServiceError(400, f"The infer request needs one input, {INPUT_NAME} (the image files).")
     tensor = request.inputs[0]
     datatype, shape = check_input(tensor.name, tensor.datatype, list(tensor.shape))
     if request.raw_input_contents:
         if len(request.raw_input_contents) != 1:
-            raise OipError(400, f"raw_input_contents must hold one entry, for {INPUT_NAME}.")
+            raise ServiceError(400, f"raw_input_contents must hold one entry, for {INPUT_NAME}.")
         raw = request.raw_input_contents[0]
         elements = raw if datatype == "UINT8" else deserialize_bytes(raw)
     elif datatype == "BYTES":
@@ -84,7 +89,7 @@ def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) 
         try:
             elements = bytes(tensor.contents.uint_contents)
         except ValueError:
-            raise OipError(400, f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
+            raise ServiceError(400, f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
     images = images_from_elements(datatype, shape, elements, max_images)
     outputs = []
     for output in request.outputs:
@@ -108,7 +113,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         limits: RequestLimits,
         *,
         model: str,
-        engine: Callable[[], str],
+        engine: str,
         ready: Callable[[], bool],
         server_version: str,
         api_key: str = "",
@@ -141,7 +146,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         def describe() -> dict:
             self._check_key(context)
             check_model(request.name, request.version, self.model)
-            return model_metadata(self.model, self.engine())
+            return model_metadata(self.model, self.engine)
 
         metadata = await self._run(context, describe)
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
@@ -163,9 +168,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             call = parse_grpc_request(request, self.limits.max_images_per_request)
             answers, _ = await run_infer(self.dispatcher, call, self.limits.max_image_pixels)
             tensors = build_outputs(call, answers)
-        except OipError as exc:
-            status = exc.status_code
-            await context.abort(GRPC_STATUS.get(exc.status_code, grpc.StatusCode.UNKNOWN), exc.message)
+        except ServiceError as exc:
+            status = exc.status
+            await context.abort(grpc_status(exc), exc.message)
         except asyncio.CancelledError:
             status = int(NO_ANSWER)  # the client cancelled or left, as HTTP counts it
             raise
@@ -192,14 +197,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return
         supplied = ApiKeyAuth.supplied_key(dict(context.invocation_metadata() or ()))
         if not self._auth.matches(supplied):
-            raise OipError(401, "Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
+            raise ServiceError(401, "Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
 
     @staticmethod
     async def _run(context: grpc.aio.ServicerContext, check: Callable[[], object]) -> object:
         try:
             return check()
-        except OipError as exc:
-            await context.abort(GRPC_STATUS.get(exc.status_code, grpc.StatusCode.UNKNOWN), exc.message)
+        except ServiceError as exc:
+            await context.abort(grpc_status(exc), exc.message)
 
 
 async def start_grpc_server(

@@ -14,18 +14,20 @@ import json
 import zlib
 from collections.abc import Awaitable, Callable
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from service.errors import ServiceError, http_headers
 from service.frontend.dispatch import ImageDispatcher
+from service.frontend.http_common import RequestLimits, read_body, server_timing
 from service.oip.infer import run_infer
 from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     EXTENSIONS,
     MODEL_VERSION,
+    SERVER_NAME,
     TOP_K_PARAMETER,
     InferCall,
-    OipError,
     OutputTensor,
     all_outputs,
     build_outputs,
@@ -38,15 +40,15 @@ from service.oip.tensors import (
     parse_output,
     parse_top_k,
 )
-from service.rest.parsing import RequestLimits, read_body
-from service.rest.server_timing import server_timing
 
 HEADER_LENGTH = "inference-header-content-length"
-SERVER_NAME = "vision-serve"
 
 
-def error_response(status_code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status_code, headers=headers)
+def error_response(error: ServiceError) -> JSONResponse:
+    """A ``ServiceError`` in the protocol's form: ``{"error": message}``."""
+    return JSONResponse(
+        {"error": error.message}, status_code=error.status, headers=http_headers(error.status, error.retry_after_s)
+    )
 
 
 def parse_infer_body(body: bytes, header_length: str | None, max_images: int) -> InferCall:
@@ -58,7 +60,7 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
         if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= 12) or int(
             header_length
         ) > len(body):
-            raise OipError(
+            raise ServiceError(
                 400,
                 f"Inference-Header-Content-Length {header_length!r} must be the JSON header's length in bytes, at "
                 f"most the body's {len(body)}.",
@@ -67,39 +69,39 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
     try:
         request = json.loads(header)
     except (ValueError, RecursionError):
-        raise OipError(400, "The infer request's JSON is not valid JSON.") from None
+        raise ServiceError(400, "The infer request's JSON is not valid JSON.") from None
     if not isinstance(request, dict):
-        raise OipError(400, 'The infer request must be a JSON object with "inputs".')
+        raise ServiceError(400, 'The infer request must be a JSON object with "inputs".')
     parameters = _object(request.get("parameters"), "parameters")
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise OipError(400, 'The infer request needs "inputs" with one input, IMAGE (the image files).')
+        raise ServiceError(400, 'The infer request needs "inputs" with one input, IMAGE (the image files).')
     tensor = inputs[0]
     datatype, shape = check_input(tensor.get("name"), tensor.get("datatype"), tensor.get("shape"))
     size = _object(tensor.get("parameters"), "input parameters").get("binary_data_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size != len(binary):
-            raise OipError(
+            raise ServiceError(
                 400, f"Input IMAGE: binary_data_size {size!r} must equal the {len(binary)} bytes after the JSON header."
             )
         elements = binary if datatype == "UINT8" else deserialize_bytes(binary)
     elif "data" in tensor:
         if binary:
-            raise OipError(
+            raise ServiceError(
                 400, "The body has binary data after the JSON header, but no input names a binary_data_size."
             )
         elements = json_elements(datatype, tensor["data"])
     else:
-        raise OipError(400, 'Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
+        raise ServiceError(400, 'Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
     images = images_from_elements(datatype, shape, elements, max_images)
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
-        raise OipError(400, f"Parameter 'binary_data_output' must be true or false, got {binary_default!r}.")
+        raise ServiceError(400, f"Parameter 'binary_data_output' must be true or false, got {binary_default!r}.")
     outputs = request.get("outputs")
     if not outputs:  # none named: all of them, as Triton answers
         requested = all_outputs(binary_default)
     elif not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
-        raise OipError(400, '"outputs" must be a list of objects with a "name".')
+        raise ServiceError(400, '"outputs" must be a list of objects with a "name".')
     else:
         requested = []
         for output in outputs:
@@ -123,14 +125,16 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
-        raise OipError(415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none.")
+        raise ServiceError(415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none.")
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
     try:
         inflated = inflater.decompress(body, limit + 1)
     except zlib.error as exc:
-        raise OipError(400, f"The body is not valid {encoding} data: {exc}.") from None
+        raise ServiceError(400, f"The body is not valid {encoding} data: {exc}.") from None
     if len(inflated) > limit:
-        raise OipError(413, f"The request body inflates to more than {limit:,} bytes (server flag --max-body-bytes).")
+        raise ServiceError(
+            413, f"The request body inflates to more than {limit:,} bytes (server flag --max-body-bytes)."
+        )
     return inflated
 
 
@@ -138,7 +142,7 @@ def _object(value: object, what: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise OipError(400, f'"{what}" must be a JSON object.')
+        raise ServiceError(400, f'"{what}" must be a JSON object.')
     return value
 
 
@@ -173,7 +177,7 @@ class OipInferEndpoint:
         self,
         dispatcher: ImageDispatcher,
         limits: RequestLimits,
-        model: Callable[[], str],
+        model: str,
         check_auth: Callable[[Request], None] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
@@ -195,13 +199,11 @@ class OipInferEndpoint:
             if self.check_auth is not None:
                 self.check_auth(request)
             return await respond()
-        except OipError as exc:
-            return error_response(exc.status_code, exc.message, exc.headers)
-        except HTTPException as exc:  # the key check and the body limit share /predict's
-            return error_response(exc.status_code, str(exc.detail), exc.headers)
+        except ServiceError as exc:
+            return error_response(exc)
 
     async def handle(self, request: Request, name: str, version: str | None) -> Response:
-        model = self.model()
+        model = self.model
         check_model(name, version, model)
         body = decompress(
             await read_body(request, self.limits.max_body_bytes),
@@ -233,7 +235,7 @@ def add_oip_routes(
     endpoint: OipInferEndpoint,
     *,
     server_version: str,
-    engine: Callable[[], str],
+    engine: str,
     ready: Callable[[], bool],
 ) -> None:
     """The metadata and health routes, and the infer route for any model name (404 for all but ours)."""
@@ -265,8 +267,8 @@ def add_oip_routes(
             """Model metadata: its input and outputs."""
 
             async def describe() -> Response:
-                check_model(name, version, endpoint.model())
-                return JSONResponse(model_metadata(endpoint.model(), engine()))
+                check_model(name, version, endpoint.model)
+                return JSONResponse(model_metadata(endpoint.model, engine))
 
             return await endpoint.guarded(request, describe)
 
@@ -274,9 +276,9 @@ def add_oip_routes(
         async def model_ready(name: str, version: str | None = None) -> Response:
             """The model is loaded and warm in every worker: 200, else 400; no key needed."""
             try:
-                check_model(name, version, endpoint.model())
-            except OipError as exc:
-                return error_response(exc.status_code, exc.message)
+                check_model(name, version, endpoint.model)
+            except ServiceError as exc:
+                return error_response(exc)
             is_ready = ready()
             return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 400)
 

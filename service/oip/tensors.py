@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import _defaults
+from service.errors import ServiceError
+from service.frontend.http_common import top_k_value
 from service.wire import Answer
 
 INPUT_NAME = "IMAGE"
@@ -34,19 +36,10 @@ OUTPUT_DATATYPES = {LABELS: "BYTES", PROBABILITIES: "FP32", CLASS_INDICES: "INT6
 MODEL_VERSION = "1"
 # What the server metadata lists; only what is implemented.
 EXTENSIONS = ("classification", "binary_tensor_data")
+SERVER_NAME = "vision-serve"  # the server metadata's name, over HTTP and gRPC
 TOP_K_PARAMETER = "top_k"
 CLASSIFICATION_PARAMETER = "classification"
 _LENGTH = struct.Struct("<I")  # the 4-byte little-endian length before each BYTES element
-
-
-class OipError(Exception):
-    """A request the protocol answers with ``status_code`` and ``{"error": message}``."""
-
-    def __init__(self, status_code: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.headers = headers or {}
 
 
 @dataclass(frozen=True)
@@ -102,9 +95,9 @@ def model_metadata(model: str, engine: str) -> dict:
 
 def check_model(name: str, version: str | None, served: str) -> None:
     if name != served:
-        raise OipError(404, f"Request for unknown model: '{name}' is not found. This server serves '{served}'.")
+        raise ServiceError(404, f"Request for unknown model: '{name}' is not found. This server serves '{served}'.")
     if version not in (None, "", MODEL_VERSION):
-        raise OipError(
+        raise ServiceError(
             404, f"Request for unknown model: '{name}' version {version} is not found; its only version is 1."
         )
 
@@ -114,36 +107,37 @@ def serialize_bytes(elements: Iterable[bytes]) -> bytes:
 
 
 def deserialize_bytes(raw: bytes) -> list[bytes]:
-    """BYTES elements from their binary form; ``OipError`` 400 if the lengths do not add up."""
+    """BYTES elements from their binary form; ``ServiceError`` 400 if the lengths do not add up."""
     elements, offset, view = [], 0, memoryview(raw)
     while offset < len(raw):
         if offset + 4 > len(raw):
-            raise OipError(400, f"Input '{INPUT_NAME}': binary BYTES data ends inside an element's 4-byte length.")
+            raise ServiceError(400, f"Input '{INPUT_NAME}': binary BYTES data ends inside an element's 4-byte length.")
         (length,) = _LENGTH.unpack_from(raw, offset)
         offset += 4
         if offset + length > len(raw):
-            raise OipError(400, f"Input '{INPUT_NAME}': a BYTES element's length ({length}) runs past the data.")
+            raise ServiceError(400, f"Input '{INPUT_NAME}': a BYTES element's length ({length}) runs past the data.")
         elements.append(bytes(view[offset : offset + length]))
         offset += length
     return elements
 
 
 def parse_top_k(value: object) -> int:
-    """The ``top_k`` request parameter (default 5), or ``OipError`` 400."""
+    """The ``top_k`` request parameter (default 5): a JSON integer, else ``ServiceError`` 400."""
     if value is None:
         return _defaults.TOP_K
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _defaults.MAX_TOP_K:
-        raise OipError(400, f"Parameter 'top_k' must be an integer from 1 to {_defaults.MAX_TOP_K}, got {value!r}.")
-    return value
+    top_k = top_k_value(value, text_allowed=False)
+    if top_k is None:
+        raise ServiceError(400, f"Parameter 'top_k' must be an integer from 1 to {_defaults.MAX_TOP_K}, got {value!r}.")
+    return top_k
 
 
 def parse_output(name: object, binary: object, classification: object) -> RequestedOutput:
     if not isinstance(name, str) or name not in OUTPUT_DATATYPES:
-        raise OipError(400, f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
+        raise ServiceError(400, f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
     if not isinstance(binary, bool):
-        raise OipError(400, f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
+        raise ServiceError(400, f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
     if classification is not None and name == LABELS:
-        raise OipError(
+        raise ServiceError(
             400, "Parameter 'classification' applies to a numeric output (PROBABILITIES or CLASS_INDICES), not LABELS."
         )
     if classification is not None and (
@@ -151,7 +145,7 @@ def parse_output(name: object, binary: object, classification: object) -> Reques
         or not isinstance(classification, int)
         or not 1 <= classification <= _defaults.MAX_TOP_K
     ):
-        raise OipError(
+        raise ServiceError(
             400,
             f"Output '{name}': parameter 'classification' must be an integer from 1 to {_defaults.MAX_TOP_K}, "
             f"got {classification!r}.",
@@ -167,22 +161,24 @@ def all_outputs(binary: bool) -> list[RequestedOutput]:
 def check_input(name: object, datatype: object, shape: object) -> tuple[str, list[int]]:
     """The input's datatype and shape, checked: one input named IMAGE, BYTES or UINT8."""
     if name != INPUT_NAME:
-        raise OipError(400, f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
+        raise ServiceError(400, f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
     if not isinstance(shape, list | tuple) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise OipError(400, f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
+        raise ServiceError(400, f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
     shape = list(shape)
     if datatype == "BYTES":
         if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
-            raise OipError(400, f"Input '{INPUT_NAME}': BYTES takes shape [N] or [N, 1] (one file each), got {shape}.")
+            raise ServiceError(
+                400, f"Input '{INPUT_NAME}': BYTES takes shape [N] or [N, 1] (one file each), got {shape}."
+            )
     elif datatype == "UINT8":
         if len(shape) not in (1, 2):
-            raise OipError(
+            raise ServiceError(
                 400, f"Input '{INPUT_NAME}': UINT8 takes shape [L] (one file) or [N, L] (N files, padded), got {shape}."
             )
     else:
-        raise OipError(
+        raise ServiceError(
             400, f"Input '{INPUT_NAME}': datatype must be BYTES (or UINT8 for file bytes), got {datatype!r}."
         )
     return str(datatype), shape
@@ -202,13 +198,15 @@ def images_from_elements(
         buffer = bytes(elements)
         width = shape[-1]
         if width == 0:
-            raise OipError(400, f"Input '{INPUT_NAME}': UINT8 rows of length 0 hold no file.")
+            raise ServiceError(400, f"Input '{INPUT_NAME}': UINT8 rows of length 0 hold no file.")
         if len(buffer) != rows * width:
-            raise OipError(400, f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}.")
+            raise ServiceError(
+                400, f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}."
+            )
         # Padding after a file's end is harmless: decoders stop at the end of the image.
         return [buffer[row * width : (row + 1) * width] for row in range(rows)]
     if len(elements) != shape[0]:
-        raise OipError(400, f"Input '{INPUT_NAME}': shape {shape} needs {shape[0]} elements, got {len(elements)}.")
+        raise ServiceError(400, f"Input '{INPUT_NAME}': shape {shape} needs {shape[0]} elements, got {len(elements)}.")
     return list(elements)
 
 
@@ -219,7 +217,7 @@ def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
         try:
             return bytes(flat)
         except (TypeError, ValueError):
-            raise OipError(400, f"Input '{INPUT_NAME}': UINT8 data must be integers from 0 to 255.") from None
+            raise ServiceError(400, f"Input '{INPUT_NAME}': UINT8 data must be integers from 0 to 255.") from None
     elements, bad = [], []
     for index, text in enumerate(flat):
         try:
@@ -229,7 +227,7 @@ def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
         except (binascii.Error, ValueError):
             bad.append(index)
     if bad:
-        raise OipError(
+        raise ServiceError(
             400,
             f"Input '{INPUT_NAME}': element(s) {_indices(bad)} are not base64 strings. In JSON, send each file "
             "base64-encoded; or send raw bytes with the binary tensor extension.",
@@ -239,7 +237,7 @@ def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
 
 def _flatten(data: object) -> Iterable[object]:
     if not isinstance(data, list):
-        raise OipError(400, f"Input '{INPUT_NAME}': 'data' must be a list.")
+        raise ServiceError(400, f"Input '{INPUT_NAME}': 'data' must be a list.")
     for item in data:
         if isinstance(item, list):
             yield from _flatten(item)
@@ -249,9 +247,9 @@ def _flatten(data: object) -> Iterable[object]:
 
 def check_count(count: int, limit: int) -> None:
     if count == 0:
-        raise OipError(400, f"Input '{INPUT_NAME}' holds no image.")
+        raise ServiceError(400, f"Input '{INPUT_NAME}' holds no image.")
     if count > limit:
-        raise OipError(
+        raise ServiceError(
             413,
             f"The request has {count} images; the limit is {limit} per request (server flag "
             "--max-images-per-request). Split them over several requests.",
@@ -259,7 +257,7 @@ def check_count(count: int, limit: int) -> None:
 
 
 def failed_items(answers: Sequence[Answer | None]) -> None:
-    """``OipError`` for a request any of whose images failed: a 5xx as it came (503, 504), else 400
+    """``ServiceError`` for a request any of whose images failed: a 5xx as it came (503, 504), else 400
     naming each failing item and why (its own 413 or 415 is in the message)."""
     failed = [(index, a) for index, a in enumerate(answers) if a is not None and a.status_code != 200]
     if not failed:
@@ -267,9 +265,9 @@ def failed_items(answers: Sequence[Answer | None]) -> None:
     server_side = [a for _, a in failed if a.status_code >= 500]
     if server_side:
         first = server_side[0]
-        raise OipError(first.status_code, first.detail, first.headers)
+        raise ServiceError(first.status_code, first.detail, retry_after_s=first.retry_after_s)
     details = "; ".join(f"[{index}] {a.detail}" for index, a in failed)
-    raise OipError(400, f"Image(s) {_indices([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
+    raise ServiceError(400, f"Image(s) {_indices([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
 
 
 def _indices(indices: Sequence[int]) -> str:

@@ -1,7 +1,7 @@
 """``POST /predict``: parse and check in the HTTP process, then classify through ``ImageDispatcher``
 (admit or shed, send to the workers, answer by the deadline).
 
-The workers' compact answers become JSON here (service/wire.py). The deadline covers running
+The workers' compact answers become JSON here (service/rest/render.py). The deadline covers running
 work: a request in a batch that runs for minutes still gets its 504 on time. A request of several
 images answers ``{"results": [...]}``, each image with its own outcome.
 """
@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import HTTPException, Request, Response
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
-from service.frontend.dispatch import ImageDispatcher
+from service.errors import ServiceError
+from service.frontend.dispatch import ImageDispatcher, header_error
+from service.frontend.http_common import RequestLimits
 from service.metrics import metrics
-from service.rest.parsing import RequestLimits, check_image_header, header_error, read_predict_request
-from service.wire import Answer, render, render_many
+from service.rest.parsing import read_predict_request
+from service.rest.render import error_response, render, render_many
+from service.wire import Answer
 
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
 OPENAPI_EXTRA = {
@@ -82,15 +85,17 @@ class PredictEndpoint:
             if self.check_auth is not None:
                 self.check_auth(request)
             response = await self.handle(request)
-        except HTTPException as exc:  # what FastAPI's own handler of it answers
-            response = JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        except ServiceError as exc:
+            response = error_response(exc)
         await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Response:
         parsed = await read_predict_request(request, self.limits)
         if not parsed.many:
             image = parsed.images[0]
-            check_image_header(image, self.limits.max_image_pixels)
+            refused = header_error(image, self.limits.max_image_pixels)
+            if refused is not None:
+                raise ServiceError(refused.status_code, refused.detail)
             (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k)
             response = render(answer, total_ms)
             # The worker's stages and the rendering, recorded here to keep that work off its loop.

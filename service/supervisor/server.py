@@ -1,15 +1,14 @@
-"""Build the LitServer for a ``ServeSettings`` and run it until SIGTERM/SIGINT, leaving no orphans.
+"""The main process: build the LitServer for a ``ServePlan`` and run it until SIGTERM/SIGINT, leaving
+no orphans.
 
 LitServe 0.2.19 leaves its uvicorn, inference-worker and manager processes running when the main
 process gets SIGTERM (measured). ``serve`` turns SIGTERM and SIGINT into LitServe's own graceful
-shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left afterwards.
+shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left afterwards. Nothing
+here imports torch: the HTTP processes fork from this one (service/supervisor/plan.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import functools
 import logging
 import multiprocessing
 import os
@@ -21,72 +20,27 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from multiprocessing import resource_tracker
 
-import litserve as ls
-import torch
-from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import FastAPI
 
-from compile.catalog import get_model_entry
-from compile.devices import ALL_GPUS, describe_device, parse_device
-from compile.manifest import Manifest
 from compile.versions import PROJECT_DISTRIBUTION, package_version
-from preprocessing import resolve_preprocess_backend
-from service import _defaults
-from service.frontend.admission import AdmissionGate
-from service.frontend.auth import ApiKeyAuth
-from service.frontend.dispatch import ImageDispatcher
-from service.frontend.observer import HttpObserver
-from service.frontend.worker_watch import WorkerWatch, restart_dead_workers
+from service.frontend.process import HttpFrontEnd
+from service.frontend.routes import register_routes
 from service.heap import freeze_startup_objects
-from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed, add_fast_route
+from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed
 from service.logs import adopt_library_loggers
-from service.metrics import (
-    CONTENT_TYPE as METRICS_CONTENT_TYPE,
-)
-from service.metrics import (
-    LiveState,
-    LiveStateCollector,
-    exposition,
-    mark_process_dead,
-    metrics,
-    multiprocess_mode,
-)
-from service.oip.rest import OipInferEndpoint, add_oip_routes, infer_paths
-from service.rest.parsing import RequestLimits
-from service.rest.predict import OPENAPI_EXTRA, PredictEndpoint
-from service.rest.upload_page import upload_page
-from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
-from service.transport.channels import ApiChannel, ChannelConfig
-from service.worker.classifier import ClassifierAPI
-from service.worker.engine import ENGINE_EAGER, ensure_servable
-from service.worker.loop import GreedyBatchedLoop
+from service.metrics import mark_process_dead, metrics, multiprocess_mode
+from service.supervisor.plan import ServePlan
+from service.supervisor.restarts import restart_dead_workers
+from service.transport.channels import ChannelConfig
+from service.worker.entry import CLASSIFIER, WorkerEntry
+from service.worker.loop import BatchPolicy, GreedyBatchedLoop
 
 logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
-GRPC_STOP_GRACE_S = 5.0
 # What the server reports as its version (OIP server metadata, build_info): "unknown" when it runs
 # from a checkout that pip has not installed.
 SERVER_VERSION = package_version(PROJECT_DISTRIBUTION) or "unknown"
-
-
-def resolve_device(
-    device: str, cuda_count: int, visible_devices: str | None = None
-) -> tuple[str, int | str, dict[str, str]]:
-    """``--device`` -> (LitServer accelerator, devices, environment for the workers).
-
-    ``visible_devices`` is the CUDA_VISIBLE_DEVICES already in force: torch numbers GPUs within it.
-    """
-    index = parse_device(device, cuda_count)
-    if index is None:
-        return "cpu", "auto", {}
-    if index == ALL_GPUS:
-        return "cuda", cuda_count, {}
-    # One chosen GPU: show the worker only that one, and it becomes its cuda:0.
-    visible = str(index)
-    if visible_devices:
-        visible = [d.strip() for d in visible_devices.split(",")][index]
-    return "cuda", 1, {"CUDA_VISIBLE_DEVICES": visible}
 
 
 def device_names(devices: list) -> list[str]:
@@ -99,48 +53,46 @@ def device_names(devices: list) -> list[str]:
 class VisionLitServer(LitServerBridge):
     """LitServer with vision-serve's request path, probes, auth and worker recovery.
 
-    - ``POST /predict`` (``PredictEndpoint``): limits checked in the HTTP process, a bounded queue
-      (503 + Retry-After beyond it), a deadline that covers running work (504). Requests go to the
-      workers and answers come back over service/transport/channels.py, not LitServe's manager queues.
-    - ``/health`` (alive), ``/ready`` (every worker loaded and warmed) and ``/metrics`` (Prometheus,
-      service/metrics.py) answer without a key; with ``--api-key``, ``/predict`` and ``/info`` need it.
-    - Every response carries ``X-Request-ID``; the access log and ``vision_serve_requests_total``
-      come from one middleware (service/frontend/observer.py).
-    - A worker that dies is restarted; the requests it held get 503 at once (``WorkerWatch``).
-    - Stopping, also from a signal handler while workers start, takes LitServe's own graceful path:
-      uvicorn stops accepting and finishes the requests it holds while the inference workers still
-      answer them; the workers stop after that. tests/test_e2e.py checks in-flight requests get
-      their answers.
+    Made and run in the main process. The routes (service/frontend/routes.py) and the per-process
+    front end (service/frontend/process.py) are set up here before the HTTP processes fork; requests
+    and answers travel over service/transport/channels.py, not LitServe's manager queues. A worker
+    that dies is restarted (service/supervisor/restarts.py). Stopping, also from a signal handler
+    while workers start, takes LitServe's own graceful path: uvicorn stops accepting and finishes
+    the requests it holds while the inference workers still answer them; the workers stop after
+    that (tests/e2e/test_e2e.py checks in-flight requests get their answers).
     """
 
     exit_code = 0
-    api_channel: ApiChannel | None = None  # one per HTTP process, made in its lifespan
-    worker_watch: WorkerWatch | None = None  # likewise
 
-    def __init__(
-        self, lit_api: ls.LitAPI, settings: ServeSettings, *, api_servers: int, workers: int, **kwargs: object
-    ) -> None:
-        # Set before LitServer.__init__, which registers the endpoints that use them.
+    def __init__(self, plan: ServePlan, lit_api: WorkerEntry) -> None:
+        settings = plan.settings
+        self.plan = plan
         self.settings = settings
-        self.inference_paths = [lit_api.api_path, *infer_paths(settings.model)]
-        self.api_servers = api_servers
-        self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels, settings.max_images_per_request)
-        self.admission = AdmissionGate(settings.max_queue)
-        self.dispatcher = ImageDispatcher(
-            channel=lambda: self.api_channel,
-            watch=lambda: self.worker_watch,
-            gate=self.admission,
-            timeout_s=settings.request_timeout_s,
-        )
-        self.auth_dependencies = [Depends(ApiKeyAuth(settings.api_key))] if settings.api_key else []
-        self.channels = ChannelConfig.create(api_servers, workers)
+        self.api_servers = plan.api_servers
+        self.channels = ChannelConfig.create(plan.api_servers, plan.workers)
         # Per worker, the size of the batch it runs now: the queue depth is what is admitted and
         # not running. Shared memory, made before the workers spawn (they get it with the loop).
-        self.running = multiprocessing.Array("i", workers, lock=False)
-        lit_api.loop = GreedyBatchedLoop(self.channels, self.running, settings.pipeline_depth)
-        # timeout: the workers drop queued requests older than the deadline instead of running them.
-        super().__init__(lit_api, timeout=settings.request_timeout_s, restart_workers=True, **kwargs)
-        self.app.add_middleware(HttpObserver, counted_paths=self.inference_paths)
+        self.running = multiprocessing.Array("i", plan.workers, lock=False)
+        policy = BatchPolicy(
+            max_batch_size=settings.max_batch_size,
+            batch_timeout_s=settings.batch_timeout_ms / 1000,
+            request_timeout_s=settings.request_timeout_s,
+            pipeline_depth=settings.pipeline_depth,
+        )
+        lit_api.loop = GreedyBatchedLoop(self.channels, policy, self.running)
+        # Before LitServer.__init__, which registers the routes that use it.
+        self.frontend = HttpFrontEnd(
+            settings, plan.model, self.channels, self.worker_states, self.running, SERVER_VERSION
+        )
+        # timeout: LitServe's own deadline, which its loop would apply (ours applies the same one).
+        super().__init__(
+            lit_api,
+            timeout=settings.request_timeout_s,
+            restart_workers=True,
+            accelerator=plan.accelerator,
+            devices=plan.devices,
+            workers_per_device=settings.workers_per_device,
+        )
 
     def request_stop(self) -> None:
         super().request_stop(
@@ -154,152 +106,31 @@ class VisionLitServer(LitServerBridge):
         freeze_startup_objects()  # inherited by the HTTP processes
 
     def register_routes(self, app: FastAPI, api_path: str) -> None:
-        @app.get("/", include_in_schema=False)
-        async def index() -> HTMLResponse:
-            """A page to try the model from a browser: pick or drop an image, see the top 5 and the latency."""
-            return upload_page()
+        register_routes(app, self.frontend, api_path, self.server_info())
 
-        @app.get("/health")
-        async def health() -> dict:
-            """Liveness: the HTTP server answers. Never needs the API key."""
-            return {"status": "alive"}
-
-        @app.get("/ready", responses={503: {"description": "a worker is starting or restarting"}})
-        async def ready() -> JSONResponse:
-            """Readiness: every inference worker has loaded its model and finished warm-up."""
-            watch = self.worker_watch
-            is_ready = self.workers_ready()
-            states = watch.named_states() if watch is not None else {}
-            return JSONResponse({"ready": is_ready, "workers": states}, status_code=200 if is_ready else 503)
-
-        @app.get("/metrics", include_in_schema=False)
-        def prometheus_metrics() -> Response:
-            """Prometheus text format; a plain def, so FastAPI runs the file reads in its thread pool."""
-            return Response(exposition(self.live_metrics), media_type=METRICS_CONTENT_TYPE)
-
-        @app.get("/info", dependencies=self.auth_dependencies)
-        async def info() -> dict:
-            settings = self.settings
-            return {
-                "model": self.model_metadata,
-                "server": {
-                    "devices": device_names(self.devices),
-                    "workers_per_device": self.workers_per_device,
-                    "api_servers": self.api_servers,
-                    "pipeline_depth": settings.pipeline_depth,
-                    "max_queue": settings.max_queue,
-                    "queued": self.admission.admitted,
-                    "request_timeout_s": settings.request_timeout_s,
-                    "max_body_bytes": settings.max_body_bytes,
-                    "max_image_pixels": settings.max_image_pixels,
-                    "max_images_per_request": settings.max_images_per_request,
-                    "grpc_port": settings.grpc_port,
-                    "api_key_required": bool(settings.api_key),
-                },
-            }
-
-        check_auth = ApiKeyAuth(self.settings.api_key) if self.settings.api_key else None
-        endpoint = PredictEndpoint(self.dispatcher, self.limits, check_auth)
-        # POST /predict skips FastAPI's stack: the observer (request id, access log, counts) wraps it
-        # directly. The FastAPI route below is what /docs shows, and answers the same way.
-        add_fast_route(app, "POST", api_path, HttpObserver(endpoint, self.inference_paths))
-
-        async def predict(request: Request) -> Response:
-            return await endpoint.handle(request)
-
-        app.add_api_route(
-            api_path,
-            predict,
-            methods=["POST"],
-            dependencies=self.auth_dependencies,
-            openapi_extra=OPENAPI_EXTRA,
-            summary="Classify one image, or several: their top-k ImageNet labels",
-        )
-        self.register_oip_routes(app, check_auth)
-
-    def register_oip_routes(self, app: FastAPI, check_auth: ApiKeyAuth | None) -> None:
-        """The Open Inference Protocol (service/oip/rest.py); the served model's infer paths skip
-        FastAPI's stack as /predict does."""
-        oip_endpoint = OipInferEndpoint(self.dispatcher, self.limits, lambda: self.settings.model, check_auth)
-        for path in infer_paths(self.settings.model):
-            add_fast_route(app, "POST", path, HttpObserver(oip_endpoint, self.inference_paths))
-        add_oip_routes(
-            app,
-            oip_endpoint,
-            server_version=SERVER_VERSION,
-            engine=self.engine_name,
-            ready=self.workers_ready,
-        )
-
-    def workers_ready(self) -> bool:
-        """Every inference worker has loaded its model and warmed up (this HTTP process's view)."""
-        return self.worker_watch is not None and self.worker_watch.ready
-
-    def engine_name(self) -> str:
-        return str((self.model_metadata or {}).get("engine", ""))
-
-    def queue_depth(self) -> int:
-        """Images admitted and not yet in a running batch, across the server."""
-        return max(0, self.admission.admitted - sum(self.running))
-
-    @functools.cached_property
-    def live_metrics(self) -> LiveStateCollector:
-        """Made once per HTTP process, on its first scrape: its readers fetch the changing values."""
-        metadata = self.model_metadata or {}
-        return LiveStateCollector(
-            LiveState(
-                queue_depth=self.queue_depth,
-                in_flight=lambda: self.admission.admitted,
-                in_flight_limit=self.settings.max_queue,
-                worker_states=lambda: self.worker_watch.named_states() if self.worker_watch is not None else {},
-                build_info={
-                    "version": SERVER_VERSION,
-                    "model": str(metadata.get("model", "")),
-                    "engine": str(metadata.get("engine", "")),
-                    "preprocess": str(metadata.get("preprocess", "")),
-                    "device": str(metadata.get("device", "")),
-                },
-            )
-        )
+    def server_info(self) -> dict:
+        """``/info``'s ``server`` object; ``queued`` is filled in at each call."""
+        settings = self.settings
+        return {
+            "devices": device_names(self.devices),
+            "workers_per_device": settings.workers_per_device,
+            "api_servers": self.api_servers,
+            "pipeline_depth": settings.pipeline_depth,
+            "max_queue": settings.max_queue,
+            "queued": 0,
+            "request_timeout_s": settings.request_timeout_s,
+            "max_body_bytes": settings.max_body_bytes,
+            "max_image_pixels": settings.max_image_pixels,
+            "max_images_per_request": settings.max_images_per_request,
+            "grpc_port": settings.grpc_port,
+            "api_key_required": bool(settings.api_key),
+        }
 
     @asynccontextmanager
     async def http_process(self, app: FastAPI, api_server: int) -> AsyncIterator[None]:
-        # Runs in each HTTP process (after the fork): its channel and watch are its own.
-        channel = ApiChannel(self.channels, api_server)
-        self.api_channel = channel
-        self.worker_watch = WorkerWatch(self.worker_states, channel)
-        self.worker_watch.refresh()
-        loop = asyncio.get_running_loop()
-        tasks = [
-            loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
-            loop.create_task(self.worker_watch.run(), name="vision-serve-worker-watch"),
-        ]
-        grpc_server = await self.start_grpc() if self.settings.grpc_port else None
-        try:
+        # Runs in each HTTP process (after the fork): its channel, watch and gRPC server are its own.
+        async with self.frontend.running(api_server):
             yield
-        finally:
-            if grpc_server is not None:
-                # Its calls in flight finish while the workers still answer (they stop after us).
-                await grpc_server.stop(GRPC_STOP_GRACE_S)
-            for task in tasks:
-                task.cancel()
-            channel.close()
-
-    async def start_grpc(self) -> object:
-        """The Open Inference Protocol's gRPC service in this HTTP process (service/oip/grpc_service.py)."""
-        from service.oip.grpc_service import InferenceServicer, start_grpc_server  # grpc only where it is on
-
-        settings = self.settings
-        servicer = InferenceServicer(
-            self.dispatcher,
-            self.limits,
-            model=settings.model,
-            engine=self.engine_name,
-            ready=self.workers_ready,
-            server_version=SERVER_VERSION,
-            api_key=settings.api_key,
-        )
-        return await start_grpc_server(servicer, settings.host, settings.grpc_port, settings.max_body_bytes)
 
     def start_worker_monitor(self) -> None:
         def stop_with_error(message: str) -> None:
@@ -327,121 +158,12 @@ class VisionLitServer(LitServerBridge):
         thread.start()
 
 
-def apply_artifact(settings: ServeSettings, cuda_count: int | None = None) -> tuple[ServeSettings, Manifest]:
-    """Settings adjusted to the artifact's manifest, which wins over flags; ``ValueError`` if they conflict."""
-    from compile.manifest import read_manifest
-
-    manifest = read_manifest(settings.artifact)
-    cuda_count = torch.cuda.device_count() if cuda_count is None else cuda_count
-    device = settings.device
-    if device == "auto":
-        device = manifest.device_type  # serve where it was compiled for
-    if manifest.backend == "tensorrt" and device == "cuda" and cuda_count > 1:
-        # A deserialized TensorRT engine is bound to one GPU; a worker per GPU would each need its own.
-        logger.warning(
-            "TensorRT artifacts are served on one GPU per server: using cuda:0 of %d. Run one vision-serve "
-            "per GPU with --device cuda:N to use them all.",
-            cuda_count,
-        )
-        device = "cuda:0"
-    device_type = "cpu" if device == "cpu" else "cuda"
-    # Describing the CPU is cheap; describing a GPU would create a CUDA context in this process.
-    here = describe_device(torch.device("cpu")) if device_type == "cpu" else None
-    ensure_servable(manifest, settings.artifact, device_type, here)
-    if settings.model not in (_defaults.MODEL, manifest.model):
-        raise ValueError(
-            f"--model {settings.model} conflicts with --artifact {settings.artifact}, which holds {manifest.model}. "
-            "Drop --model: the artifact decides the model."
-        )
-    if settings.weights != _defaults.WEIGHTS:
-        raise ValueError(
-            f"--weights has no effect with --artifact: the engine was compiled with {manifest.weights_source}. "
-            "Drop --weights, or compile a new artifact with compile-trt --weights."
-        )
-    max_batch_size = settings.max_batch_size
-    if max_batch_size > manifest.batch_max:
-        logger.warning(
-            "--max-batch-size %d is above the artifact's largest batch %d; using %d. Compile with "
-            "compile-trt --batch MIN,OPT,%d to batch more.",
-            max_batch_size,
-            manifest.batch_max,
-            manifest.batch_max,
-            max_batch_size,
-        )
-        max_batch_size = manifest.batch_max
-    adjusted = dataclasses.replace(settings, model=manifest.model, device=device, max_batch_size=max_batch_size)
-    return adjusted, manifest
-
-
-def artifact_metadata(directory: str, manifest: Manifest) -> dict:
-    return {
-        "directory": directory,
-        "backend": manifest.backend,
-        "precision": manifest.precision,
-        "batch": {"min": manifest.batch_min, "opt": manifest.batch_opt, "max": manifest.batch_max},
-        "device": {
-            "type": manifest.device_type,
-            "name": manifest.device_name,
-            "capability": manifest.device_capability,
-        },
-        "weights_sha256": manifest.weights_sha256,
-        "compiled_at": manifest.compiled_at,
-        "versions": manifest.versions,
-        "validation": manifest.validation.get("metrics", {}),
-        "cache_key": manifest.cache_key,
-        "backend_config": manifest.backend_config,
-    }
-
-
-def build_server(settings: ServeSettings, lit_api: ls.LitAPI | None = None) -> VisionLitServer:
-    """The server for ``settings``; ``lit_api`` replaces ``ClassifierAPI(settings)`` (the front-end
-    benchmark serves a no-op model through everything else)."""
-    manifest = None
-    if settings.artifact:
-        settings, manifest = apply_artifact(settings)
-    accelerator, devices, worker_env = resolve_device(
-        settings.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
-    )
-    os.environ.update(worker_env)  # spawned workers inherit it
-    worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
-    preprocess, reason = resolve_preprocess_backend(settings.preprocess, worker_device)
-    logger.info("Preprocessing: %s (%s)", preprocess, reason)
-    if manifest is not None:
-        spec, labels_source = manifest.preprocess, manifest.labels_source
-        weights, engine = manifest.weights_source, manifest.engine_name
-    else:
-        entry = get_model_entry(settings.model)  # fail fast on a bad name, before spawning workers
-        spec, labels_source = entry.preprocess, entry.labels_source
-        weights, engine = settings.weights, ENGINE_EAGER
-    metadata = {
-        "model": settings.model,
-        "weights": weights,
-        "engine": engine,
-        "preprocess": preprocess,
-        "preprocess_reason": reason,
-        "preprocess_spec": spec.to_dict(),
-        "labels_source": labels_source,
-        # What --device resolved to: cpu, cuda (every GPU) or cuda:N.
-        "device": "cpu" if accelerator == "cpu" else ("cuda" if settings.device == "auto" else settings.device),
-        "max_batch_size": settings.max_batch_size,
-        "batch_timeout_ms": settings.batch_timeout_ms,
-    }
-    if manifest is not None:
-        metadata["artifact"] = artifact_metadata(settings.artifact, manifest)
-    workers = (1 if accelerator == "cpu" else devices) * settings.workers_per_device
-    settings = dataclasses.replace(
-        settings, pipeline_depth=resolve_pipeline_depth(settings.pipeline_depth, accelerator)
-    )
-    return VisionLitServer(
-        lit_api or ClassifierAPI(settings),
-        settings,
-        api_servers=resolve_api_servers(settings.api_servers, accelerator, workers, os.cpu_count() or 1),
-        workers=workers,
-        accelerator=accelerator,
-        devices=devices,
-        workers_per_device=settings.workers_per_device,
-        model_metadata=metadata,
-    )
+def build_server(plan: ServePlan, model: str = CLASSIFIER) -> VisionLitServer:
+    """The server for ``plan``; ``model`` names the model the workers load (service/worker/entry.py:
+    the front-end benchmark serves a no-op one through everything else)."""
+    os.environ.update(plan.worker_env)  # spawned workers inherit it (CUDA_VISIBLE_DEVICES for one GPU)
+    logger.info("Preprocessing: %s (%s)", plan.model.preprocess, plan.model.preprocess_reason)
+    return VisionLitServer(plan, WorkerEntry(plan.settings, model))
 
 
 def reap_children(timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
@@ -474,8 +196,9 @@ def check_port_free(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int:
+def serve(server: VisionLitServer) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code."""
+    settings = server.settings
     if settings.grpc_port:
         try:
             check_port_free(settings.host, settings.grpc_port)
@@ -485,8 +208,8 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
                 settings.grpc_port,
                 exc.strerror or exc,
             )
+            server.channels.remove()
             return 1
-    server = server or build_server(settings)
 
     main_pid = os.getpid()
 
@@ -506,7 +229,7 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
     # Left after every child is reaped: their files are no longer written.
     with multiprocess_mode():
         try:
-            return _run(server, settings)
+            return _run(server)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -514,8 +237,9 @@ def serve(settings: ServeSettings, server: VisionLitServer | None = None) -> int
             server.channels.remove()
 
 
-def _run(server: VisionLitServer, settings: ServeSettings) -> int:
+def _run(server: VisionLitServer) -> int:
     """LitServer.run until it stops; the exit code, with startup failures explained."""
+    settings = server.settings
     try:
         server.run(
             host=settings.host,

@@ -1,10 +1,8 @@
 """Requests to the inference workers and answers back: ZeroMQ over Unix sockets, no broker.
 
-LitServe 0.2.19 moves every request through a multiprocessing-manager queue and every answer
-through manager queues too: each hop is a blocking, pickled round trip through the manager
-process, made on the HTTP process's event loop. Profiled with no-op decoding and model, those calls
-took a large share of both the HTTP process and the worker (throughput before and after:
-benchmarks/results/vm-2cpu-2026-11-23/frontend-before.md and frontend.md).
+LitServe moves every request and every answer through multiprocessing-manager queues: each hop is
+a blocking, pickled round trip through a third process, made on the HTTP process's event loop. Here
+each side talks to the other directly.
 
 Here:
 - every worker binds one PULL socket for its requests, and holds one PUSH socket per HTTP
@@ -16,11 +14,12 @@ Here:
 
 Messages go in batches both ways: the requests an HTTP process submits in one turn of its event
 loop leave as one message per worker (sent at the end of that turn), and a batch's answers leave as
-one message per HTTP process. Each ZeroMQ send wakes an I/O thread on both sides; one per request was
-the largest cost of the transport at thousands of requests per second.
+one message per HTTP process: each ZeroMQ send wakes an I/O thread on both sides, a cost to pay
+per message rather than per request.
 
 Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests are answered 503.
-Messages are pickled lists; answers are compact ``service.wire.Answer`` values.
+Messages are pickled lists of the types in service/wire.py: ``QueuedRequest`` one way, ``Reply``
+the other.
 """
 
 from __future__ import annotations
@@ -38,16 +37,14 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from service.rest.parsing import ImageRequest
-from service.wire import RETRY_HEADERS, Answer, error_answer
+from service._defaults import RETRY_AFTER_S
+from service.wire import Answer, ImageRequest, QueuedRequest, Reply, error_answer
 
 logger = logging.getLogger(__name__)
 
 # Far above what admission lets in (--max-queue): a full pipe means a worker that stopped reading.
 SEND_HIGH_WATER_MARK = 100_000
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
-
-RequestMessage = tuple[int, int, float, ImageRequest]  # (HTTP process, request uid, queued at, request)
 
 
 @dataclass(frozen=True)
@@ -89,9 +86,9 @@ class WorkerChannel:
         # A pipelined worker answers from two threads (expired requests from the one that takes
         # them); a ZeroMQ socket must not be used by two threads at once.
         self._answer_lock = threading.Lock()
-        self._received: deque[RequestMessage] = deque()  # the rest of the last message's requests
+        self._received: deque[QueuedRequest] = deque()  # the rest of the last message's requests
 
-    def receive(self, timeout_s: float | None) -> RequestMessage | None:
+    def receive(self, timeout_s: float | None) -> QueuedRequest | None:
         """The next request; ``None`` if none came within ``timeout_s`` (0: only one already here)."""
         if not self._received:
             if timeout_s is not None and not self._requests.poll(max(0, round(timeout_s * 1000))):
@@ -99,15 +96,15 @@ class WorkerChannel:
             self._received.extend(pickle.loads(self._requests.recv()))
         return self._received.popleft()
 
-    def answer(self, api_server: int, uid: int, answer: Answer) -> None:
-        self.answer_many([(api_server, uid, answer)])
+    def answer(self, request: QueuedRequest, answer: Answer) -> None:
+        self.answer_many([(request, answer)])
 
-    def answer_many(self, answers: list[tuple[int, int, Answer]]) -> None:
-        """``(HTTP process, uid, answer)`` triples: one message per HTTP process, whatever their number
-        (a batch's answers cost one send each way, not one per request)."""
-        by_api_server: dict[int, list[tuple[int, Answer]]] = {}
-        for api_server, uid, answer in answers:
-            by_api_server.setdefault(api_server, []).append((uid, answer))
+    def answer_many(self, answers: list[tuple[QueuedRequest, Answer]]) -> None:
+        """Each request with its answer: one message per HTTP process, whatever their number (a
+        batch's answers cost one send each way, not one per request)."""
+        by_api_server: dict[int, list[Reply]] = {}
+        for request, answer in answers:
+            by_api_server.setdefault(request.api_server, []).append(Reply(request.uid, answer))
         for api_server, answered in by_api_server.items():
             message = pickle.dumps(answered, PICKLE_PROTOCOL)
             try:
@@ -135,7 +132,7 @@ class ApiChannel:
         self._requests = [self._connect(worker_id) for worker_id in range(config.workers)]
         self._pending: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
         self._unanswered = [0] * config.workers
-        self._outbox: list[list[RequestMessage]] = [[] for _ in range(config.workers)]
+        self._outbox: list[list[QueuedRequest]] = [[] for _ in range(config.workers)]
         self._flush_scheduled = False
 
     def _connect(self, worker_id: int) -> zmq.Socket:
@@ -149,7 +146,7 @@ class ApiChannel:
         """The ready worker with the fewest of this process's requests unanswered."""
         return min(ready, key=self._unanswered.__getitem__, default=None)
 
-    def submit(self, worker_id: int, uid: int, queued_at: float, request: ImageRequest) -> asyncio.Future[Answer]:
+    def submit(self, worker_id: int, uid: int, request: ImageRequest) -> asyncio.Future[Answer]:
         """Queue ``request`` on ``worker_id``; the future gets its ``Answer`` (503 if the pipe is full).
 
         Sent at the end of this turn of the event loop, with the others submitted in it.
@@ -158,7 +155,7 @@ class ApiChannel:
         future = loop.create_future()
         self._pending[uid] = (worker_id, future)
         self._unanswered[worker_id] += 1
-        self._outbox[worker_id].append((self.api_server, uid, queued_at, request))
+        self._outbox[worker_id].append(QueuedRequest(self.api_server, uid, request))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self.flush)
@@ -177,10 +174,10 @@ class ApiChannel:
                 overloaded = error_answer(
                     503,
                     f"The server is overloaded (inference worker {worker_id} is not reading its requests); retry.",
-                    headers=RETRY_HEADERS,
+                    retry_after_s=RETRY_AFTER_S,
                 )
-                for _, uid, _, _ in outbox:
-                    self._settle(uid, overloaded)
+                for queued in outbox:
+                    self._settle(queued.uid, overloaded)
 
     def forget(self, uid: int) -> None:
         """The request got its HTTP answer (or gave up): a late worker answer is dropped."""
@@ -205,8 +202,8 @@ class ApiChannel:
     async def receive_answers(self) -> None:
         """Route each answer to its waiting request; runs for the life of the HTTP process."""
         while True:
-            for uid, answer in pickle.loads(await self._answers.recv()):
-                self._settle(uid, answer)
+            for reply in pickle.loads(await self._answers.recv()):
+                self._settle(reply.uid, reply.answer)
 
     def _settle(self, uid: int, answer: Answer) -> None:
         future = self._take(uid)

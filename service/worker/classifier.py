@@ -1,13 +1,9 @@
-"""The LitServe API: a batch of encoded images -> top-k labels, with per-item errors.
+"""The model a worker serves: encoded images in, each request's top-k labels out, per-item errors.
 
 Nothing here raises for one bad item: decode failures travel through the batch as ``ImageError``
-values and become that request's own 4xx. Only a failure of the model itself (a real server
-error) fails the batch.
-
-vision-serve's worker loop (service/worker/loop.py) takes ``ImageRequest`` values parsed in the HTTP
-process and sends ``to_answer``'s compact ``Answer`` back. Under a plain ``ls.LitServer`` the same
-class serves LitServe's way: ``decode_request`` parses a JSON ``{"image": "<base64>"}`` body and
-``encode_response`` renders the JSON (service/wire.py, the same function vision-serve uses).
+values and become that request's own 4xx ``Answer``. Only a failure of the model itself (a real
+server error) fails the batch. The worker's loop (service/worker/loop.py) calls ``prepare`` and
+``run``, the ``BatchedModel`` contract; service/worker/entry.py builds this object in the worker.
 """
 
 from __future__ import annotations
@@ -15,25 +11,19 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import signal
 import time
-import warnings
 from dataclasses import dataclass, field
 
-import litserve as ls
 import numpy as np
 import torch
-from fastapi.responses import JSONResponse
 from PIL import Image
 
-from preprocessing import ImageError, PreparedBatch, create_preprocessor
+from preprocessing import ImageError, PreparedBatch, Preprocessor, create_preprocessor
 from preprocessing.device_health import unusable_device
-from service.heap import HeapTrimmer, freeze_startup_objects
-from service.logs import configure_logging
+from service.heap import HeapTrimmer
 from service.metrics import metrics, record_gpu_memory
-from service.rest.parsing import ImageRequest, image_request_from_json
 from service.settings import ServeSettings, resolve_pipeline_depth
-from service.wire import Answer, render
+from service.wire import Answer, ImageRequest
 from service.worker.engine import (
     ENGINE_EAGER,
     ServedModel,
@@ -50,7 +40,7 @@ GPU_MEMORY_SAMPLE_INTERVAL_S = 1.0
 
 @dataclass
 class ClassifyBatch:
-    """What ``batch`` hands to ``predict``: the device tensor plus what each request asked for."""
+    """What ``prepare`` hands to ``run``: the device tensor plus what each request asked for."""
 
     prepared: PreparedBatch
     top_k: list[int]
@@ -62,7 +52,7 @@ class ClassifyBatch:
 
 @dataclass
 class ItemResult:
-    """One request's answer, carried from ``predict`` to ``encode_response``."""
+    """One request's outcome inside ``run``, before it becomes an ``Answer``."""
 
     batch_size: int
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -94,94 +84,90 @@ def warmup_batch_sizes(served: ServedModel, max_batch_size: int) -> list[int]:
     return sorted(sizes)
 
 
-class ClassifierAPI(ls.LitAPI):
-    def __init__(self, settings: ServeSettings) -> None:
-        with warnings.catch_warnings():
-            # With --max-batch-size 1 LitServe warns that batch/unbatch are overridden: our loop
-            # runs batches of one through them on purpose.
-            warnings.filterwarnings("ignore", message="The LitServer has both batch and unbatch")
-            super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
-        self.settings = settings
-        self.served: ServedModel | None = None  # set in setup(), in the worker
-        self.pipelined = False  # set in setup(): batches are prepared ahead and may wait for the engine
-        self._gpu_memory_sampled_at = 0.0
+def load_served_model(settings: ServeSettings, device: torch.device) -> ServedModel:
+    """The artifact ``settings`` names, or the eager catalog model."""
+    if settings.artifact:
+        return load_artifact(settings.artifact, device)
+    return load_eager(settings.model, settings.weights, device)
 
-    def setup(self, device: str) -> None:
-        # Ctrl-C in a terminal reaches the whole process group; the main process stops the server
-        # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
-        metrics()  # its series exist at 0 from the start, not from the first batch
-        torch_device = torch.device(device)
-        bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
-        set_worker_threads(torch_device, self.settings.workers_per_device)
-        if self.settings.artifact:
-            self.served = load_artifact(self.settings.artifact, torch_device)
-        else:
-            self.served = load_eager(self.settings.model, self.settings.weights, torch_device)
-        self.torch_device = torch_device
+
+class Classifier:
+    """``prepare`` (decode, resize, upload; on a GPU on a CUDA stream of its own when pipelined) and
+    ``run`` (engine, softmax and top-k on the device, answers). Built by ``load`` in the worker."""
+
+    def __init__(
+        self, settings: ServeSettings, served: ServedModel, preprocessor: Preprocessor, device: torch.device
+    ) -> None:
+        self.settings = settings
+        self.served = served
+        self.preprocessor = preprocessor
+        self.device = device
         # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
         # that work goes on a stream of its own, so it overlaps the engine's (service/worker/loop.py).
-        self.pipelined = resolve_pipeline_depth(self.settings.pipeline_depth, torch_device.type) > 1
-        on_gpu = torch_device.type == "cuda"
-        self.prepare_stream = torch.cuda.Stream(torch_device) if self.pipelined and on_gpu else None
-        self.heap_trimmer = HeapTrimmer().start()
-        self.preprocessor = create_preprocessor(
-            self.settings.preprocess,
-            self.served.entry.preprocess,
+        self.pipelined = resolve_pipeline_depth(settings.pipeline_depth, device.type) > 1
+        on_gpu = device.type == "cuda"
+        self.prepare_stream = torch.cuda.Stream(device) if self.pipelined and on_gpu else None
+        self.heap_trimmer = HeapTrimmer()
+        self._gpu_memory_sampled_at = 0.0
+
+    @classmethod
+    def load(cls, settings: ServeSettings, device: str) -> Classifier:
+        """Bind the device, load the model, make the preprocessor, warm up: ready to serve."""
+        torch_device = torch.device(device)
+        bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
+        set_worker_threads(torch_device, settings.workers_per_device)
+        served = load_served_model(settings, torch_device)
+        preprocessor = create_preprocessor(
+            settings.preprocess,
+            served.entry.preprocess,
             torch_device,
-            max_batch_size=self.settings.max_batch_size,
-            max_image_pixels=self.settings.max_image_pixels,
+            max_batch_size=settings.max_batch_size,
+            max_image_pixels=settings.max_image_pixels,
         )
         logger.info(
             "Model loaded: model=%s engine=%s device=%s, %s; warming up",
-            self.served.entry.name,
-            self.served.engine_name,
+            served.entry.name,
+            served.engine_name,
             torch_device,
-            self.served.description,
+            served.description,
         )
-        self._warm_up()
+        classifier = cls(settings, served, preprocessor, torch_device)
+        classifier.warm_up()
+        classifier.heap_trimmer.start()
         record_gpu_memory(torch_device)
-        freeze_startup_objects()
+        return classifier
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """Run the full path at the batch sizes requests will form, so first requests are not slow."""
         started = time.perf_counter()
         sample = warmup_jpeg()
         for size in warmup_batch_sizes(self.served, self.settings.max_batch_size):
-            results = self._classify(self.batch([ImageRequest(sample)] * size))
+            results = self._classify(self.prepare([ImageRequest(sample)] * size))
             if any(r.error for r in results):
                 raise RuntimeError(f"Warm-up failed: {results[0].error}")
         logger.info("Warm-up done in %.1f s", time.perf_counter() - started)
 
-    # ``request`` is unannotated on purpose: a plain ls.LitServer reads the annotation to decide what
-    # to hand over, and without one it passes the parsed JSON body.
-    def decode_request(self, request) -> ImageRequest:
-        if isinstance(request, ImageRequest):
-            return request  # parsed and header-checked in vision-serve's HTTP process (PredictEndpoint)
-        return image_request_from_json(request)  # a plain ls.LitServer hands over the JSON body
-
-    def batch(self, inputs: list[ImageRequest]) -> ClassifyBatch:
+    def prepare(self, requests: list[ImageRequest]) -> ClassifyBatch:
         now = time.monotonic()
-        queue_ms = [None if item.queued_at is None else (now - item.queued_at) * 1e3 for item in inputs]
+        queue_ms = [None if item.queued_at is None else (now - item.queued_at) * 1e3 for item in requests]
         started = time.perf_counter()
         stream = self.prepare_stream
         with self.heap_trimmer.busy(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            prepared = self.preprocessor([item.image for item in inputs])
+            prepared = self.preprocessor([item.image for item in requests])
             if stream is not None:
                 # Handed over finished: the engine's stream then never waits on this one, and the
-                # memory is not reused before the engine is done with it (predict syncs on .cpu()).
+                # memory is not reused before the engine is done with it (run syncs on .cpu()).
                 stream.synchronize()
         prepared_at = time.perf_counter()
-        request_ids = [item.request_id for item in inputs]
-        top_k = [item.top_k for item in inputs]
+        request_ids = [item.request_id for item in requests]
+        top_k = [item.top_k for item in requests]
         return ClassifyBatch(prepared, top_k, (prepared_at - started) * 1e3, queue_ms, request_ids, prepared_at)
 
-    def predict(self, x: ClassifyBatch) -> list[ItemResult]:
+    def run(self, batch: ClassifyBatch) -> list[Answer]:
         # A pipelined worker's prepared batch waits while the engine runs the one before it: its
         # own stage, or the breakdown would not add up to the time the request spent.
-        pipeline_wait_ms = (time.perf_counter() - x.prepared_at) * 1e3 if self.pipelined else None
-        results = self._classify(x, pipeline_wait_ms)
+        pipeline_wait_ms = (time.perf_counter() - batch.prepared_at) * 1e3 if self.pipelined else None
+        results = self._classify(batch, pipeline_wait_ms)
         # Counted here, not in _classify, which warm-up also runs.
         classified = sum(r.predictions is not None for r in results)
         if classified:
@@ -189,7 +175,7 @@ class ClassifierAPI(ls.LitAPI):
         now = time.monotonic()
         if now - self._gpu_memory_sampled_at >= GPU_MEMORY_SAMPLE_INTERVAL_S:
             self._gpu_memory_sampled_at = now
-            record_gpu_memory(self.torch_device)
+            record_gpu_memory(self.device)
         if logger.isEnabledFor(logging.DEBUG):
             timings = results[0].timings_ms if results else {}
             logger.debug(
@@ -197,12 +183,13 @@ class ClassifierAPI(ls.LitAPI):
                 len(results),
                 classified,
                 ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items() if k != "queue"),
-                extra={"request_ids": x.request_ids},
+                extra={"request_ids": batch.request_ids},
             )
-        return results
+        return [self.to_answer(result) for result in results]
 
-    def unbatch(self, output: list[ItemResult]) -> list[ItemResult]:
-        return output
+    def unusable_device(self) -> str | None:
+        """After a failure: why this worker's device no longer runs work, or None (service/worker/loop.py)."""
+        return unusable_device(self.device)
 
     def _classify(self, batch: ClassifyBatch, pipeline_wait_ms: float | None = None) -> list[ItemResult]:
         prepared = batch.prepared
@@ -229,28 +216,20 @@ class ClassifierAPI(ls.LitAPI):
             results[i].timings_ms["inference"] = inference_ms
         return results
 
-    def unusable_device(self) -> str | None:
-        """After a failure: why this worker's device no longer runs work, or None (service/worker/loop.py)."""
-        return unusable_device(self.torch_device)
-
-    def to_answer(self, output: ItemResult) -> Answer:
-        """The compact answer vision-serve's worker loop sends to the HTTP process."""
-        if output.error is not None:
+    def to_answer(self, result: ItemResult) -> Answer:
+        """The compact answer the loop sends to the HTTP process."""
+        if result.error is not None:
             return Answer(
-                status_code=output.error.status_code,
-                detail=output.error.detail,
-                batch_size=output.batch_size,
-                timings_ms=output.timings_ms,
+                status_code=result.error.status_code,
+                detail=result.error.detail,
+                batch_size=result.batch_size,
+                timings_ms=result.timings_ms,
             )
         labels = self.served.entry.labels
         return Answer(
-            predictions=tuple((index, labels[index], probability) for index, probability in output.predictions),
+            predictions=tuple((index, labels[index], probability) for index, probability in result.predictions),
             model=self.served.entry.name,
             engine=self.served.engine_name,
-            batch_size=output.batch_size,
-            timings_ms=output.timings_ms,
+            batch_size=result.batch_size,
+            timings_ms=result.timings_ms,
         )
-
-    def encode_response(self, output: ItemResult) -> JSONResponse:
-        """For a plain ``ls.LitServer``: the same JSON vision-serve answers."""
-        return render(self.to_answer(output))

@@ -2,23 +2,22 @@
 
 LitServe 0.2.19's batched loop polls: it asks its queue for one request with a 1 ms timeout, over
 and over, until the batch window ends, and each ask is a round trip to a multiprocessing manager.
-This loop blocks on the first request instead (service/transport/channels.py: a socket of its own), then
-takes whatever else is already queued without waiting, and only then waits out the batch window
-(``--batch-timeout-ms``) if the batch is not full. With the default window of 0 that is greedy
-batching: an idle server runs a lone request at once, and under load batches fill from the
+This loop blocks on the first request instead (service/transport/channels.py: a socket of its own),
+then takes whatever else is already queued without waiting, and only then waits out the batch
+window (``--batch-timeout-ms``) if the batch is not full. With the default window of 0 that is
+greedy batching: an idle server runs a lone request at once, and under load batches fill from the
 requests that queued while the model was busy.
 
 Requests whose deadline passed while queued are answered 504 here, counted in
 ``vision_serve_requests_expired_total`` and logged as one summary line at most every few seconds.
 
-The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path. What
-it needs of the model is ``BatchedModel`` (service/worker/classifier.py implements it): each output becomes a
-compact ``Answer``.
+The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path. What it
+needs of the model is ``BatchedModel`` (service/worker/classifier.py implements it).
 
 A batch that fails answers 500 and the worker goes on, unless the failure broke the device itself
 (a sticky CUDA error: every later call would fail too). Then the batch is answered 503 (retry-safe)
 and the process exits with ``EXIT_DEVICE_UNUSABLE``, so the main process starts a new worker with a
-new CUDA context (service/frontend/worker_watch.py).
+new CUDA context (service/supervisor/restarts.py).
 """
 
 from __future__ import annotations
@@ -30,13 +29,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from preprocessing.device_health import DeviceUnusable
+from preprocessing.errors import DeviceUnusable
+from service import _defaults
 from service.litserve_bridge import WorkerLoop
 from service.metrics import metrics
-from service.transport.channels import ChannelConfig, RequestMessage, WorkerChannel
-from service.wire import RETRY_HEADERS, Answer, error_answer
+from service.transport.channels import ChannelConfig, WorkerChannel
+from service.wire import Answer, ImageRequest, QueuedRequest, error_answer
 
 logger = logging.getLogger(__name__)
 
@@ -60,66 +61,73 @@ EXIT_ANSWER_LINGER_MS = 2000
 
 
 class BatchedModel(Protocol):
-    """What the loop needs of the model it serves (service/worker/classifier.py: ``ClassifierAPI``)."""
+    """What the loop needs of the model it serves (service/worker/classifier.py: ``Classifier``)."""
 
-    max_batch_size: int
-    batch_timeout: float  # seconds
-    request_timeout: float | bool | None  # seconds; -1, False or None: no deadline
+    def prepare(self, requests: list[ImageRequest]) -> Any:
+        """Decode, resize and upload the batch's images (the loop may call it from another thread)."""
+        ...
 
-    def decode_request(self, request: Any) -> Any: ...
-
-    def batch(self, inputs: list[Any]) -> Any: ...
-
-    def predict(self, x: Any) -> Any: ...
-
-    def unbatch(self, output: Any) -> list[Any]: ...
-
-    def to_answer(self, output: Any) -> Answer: ...
+    def run(self, prepared: Any) -> list[Answer]:
+        """The engine on a prepared batch: one ``Answer`` per request, in order."""
+        ...
 
     def unusable_device(self) -> str | None:
         """After a failure: why the device can no longer run work (a sticky CUDA error), or None."""
         ...
 
 
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How the loop forms batches (service/settings.py has the flags)."""
+
+    max_batch_size: int = _defaults.MAX_BATCH_SIZE
+    batch_timeout_s: float = _defaults.BATCH_TIMEOUT_MS / 1000
+    request_timeout_s: float = _defaults.REQUEST_TIMEOUT_S
+    pipeline_depth: int = 1  # batches in flight: 1 runs each start to end, 2+ prepare ahead
+
+    def __post_init__(self) -> None:
+        if self.pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1 (1: no overlap), got {self.pipeline_depth}.")
+
+
 class GreedyBatchedLoop(WorkerLoop):
     """``running``: a shared array, per worker the size of the batch it runs now (0 when idle), from
     which the HTTP processes compute the queue depth.
 
-    ``pipeline_depth`` 1 runs each batch start to end: take requests, prepare (``batch``: decode,
-    resize, upload), ``predict``, answer. With 2 or more, a thread of its own takes and prepares the
-    next batches while this one runs (on a GPU on a CUDA stream of its own: service/worker/classifier.py), with at
-    most ``pipeline_depth - 1`` prepared batches waiting, so throughput approaches
-    1 / max(prepare, predict) instead of 1 / (prepare + predict).
+    Pipeline depth 1 runs each batch start to end: take requests, ``prepare`` (decode, resize,
+    upload), ``run``, answer. With 2 or more, a thread of its own takes and prepares the next
+    batches while this one runs (on a GPU on a CUDA stream of its own: service/worker/classifier.py),
+    with at most ``pipeline_depth - 1`` prepared batches waiting, so throughput approaches
+    1 / max(prepare, run) instead of 1 / (prepare + run).
     """
 
     def __init__(
         self,
         channels: ChannelConfig,
+        policy: BatchPolicy,
         running: Any = None,
-        pipeline_depth: int = 1,
         exit_process: Callable[[int], object] = os._exit,
     ) -> None:
-        """``exit_process``: how the worker ends when its device broke (tests pass their own)."""
+        """``exit_process``: how the worker process ends when its device broke."""
         super().__init__()
-        if pipeline_depth < 1:
-            raise ValueError(f"pipeline_depth must be >= 1 (1: no overlap), got {pipeline_depth}.")
         self.channels = channels
+        self.policy = policy
         self.running = running
-        self.pipeline_depth = pipeline_depth
         self.exit_process = exit_process
         self._expired_unlogged = 0
         self._expired_logged_at = 0.0
 
-    def serve(self, lit_api: BatchedModel, worker_id: int) -> None:
+    def serve(self, model: BatchedModel, worker_id: int) -> None:
+        """Answer requests from this worker's channel until the process ends."""
         channel = WorkerChannel(self.channels, worker_id)
         try:
-            if self.pipeline_depth > 1:
-                self.serve_pipelined(lit_api, channel, worker_id)
+            if self.policy.pipeline_depth > 1:
+                self.serve_pipelined(model, channel, worker_id, threading.Event())
             else:
                 while True:
-                    batch = self.get_batch(lit_api, channel)
+                    batch = self.get_batch(channel)
                     if batch:
-                        self.run_batch(lit_api, channel, worker_id, batch)
+                        self.run_batch(model, channel, worker_id, batch)
         except DeviceUnusable:
             channel.close(EXIT_ANSWER_LINGER_MS)  # the failed batch's 503s are queued: let them leave
             for handler in logging.getLogger().handlers:
@@ -132,18 +140,17 @@ class GreedyBatchedLoop(WorkerLoop):
             channel.close()
 
     def serve_pipelined(
-        self, lit_api: BatchedModel, channel: WorkerChannel, worker_id: int, stop: threading.Event | None = None
+        self, model: BatchedModel, channel: WorkerChannel, worker_id: int, stop: threading.Event
     ) -> None:
-        """Prepare in a thread, run here; returns only when ``stop`` is set (tests, benchmarks)."""
-        stop = stop or threading.Event()
-        prepared: queue.Queue = queue.Queue(maxsize=self.pipeline_depth - 1)
+        """Prepare in a thread, run here, until ``stop`` is set (and what was prepared is answered)."""
+        prepared: queue.Queue = queue.Queue(maxsize=self.policy.pipeline_depth - 1)
 
         def prepare_batches() -> None:
             while not stop.is_set():
                 try:
-                    batch = self.get_batch(lit_api, channel)
+                    batch = self.get_batch(channel)
                     if batch:
-                        prepared.put((batch, self.prepare(lit_api, batch)))  # waits while the queue is full
+                        prepared.put((batch, self.prepare(model, batch)))  # waits while the queue is full
                 except Exception:  # keep preparing: a dead thread would leave every later request unanswered
                     logger.exception("Taking or preparing a batch failed; going on.")
 
@@ -155,7 +162,7 @@ class GreedyBatchedLoop(WorkerLoop):
                     batch, ready = prepared.get(timeout=IDLE_WAIT_S)
                 except queue.Empty:
                     continue
-                self.finish(lit_api, channel, worker_id, batch, ready)
+                self.finish(model, channel, worker_id, batch, ready)
         finally:
             # Also when finish raised (a broken device): the thread must be done with the channel
             # before it is closed. Bounded: it may be stuck in a call on that device.
@@ -166,59 +173,60 @@ class GreedyBatchedLoop(WorkerLoop):
                     prepared.get_nowait()  # frees a put that waits on a full queue
                 thread.join(0.05)
 
-    def get_batch(self, lit_api: BatchedModel, channel: WorkerChannel) -> list[RequestMessage]:
+    def get_batch(self, channel: WorkerChannel) -> list[QueuedRequest]:
         """Up to ``max_batch_size`` requests; ``[]`` after ``IDLE_WAIT_S`` with none.
 
         Expired requests are answered 504 here and left out.
         """
-        batch: list[RequestMessage] = []
+        policy = self.policy
+        batch: list[QueuedRequest] = []
         expired = 0
         first_taken = window_ends = None
-        apply_timeout = lit_api.request_timeout not in (-1, False, None)
-        while len(batch) < lit_api.max_batch_size:
+        while len(batch) < policy.max_batch_size:
             if first_taken is None:
-                message = channel.receive(IDLE_WAIT_S)
+                queued = channel.receive(IDLE_WAIT_S)
             elif window_ends is None:
-                message = channel.receive(0)
+                queued = channel.receive(0)
             else:
                 remaining = window_ends - time.monotonic()
-                message = channel.receive(remaining) if remaining > 0 else None
-                if message is None:
+                queued = channel.receive(remaining) if remaining > 0 else None
+                if queued is None:
                     break
-            if message is None:
+            if queued is None:
                 if first_taken is None:
                     break  # idle: the caller loops and comes back
-                if window_ends is None and lit_api.batch_timeout > 0:
-                    window_ends = first_taken + lit_api.batch_timeout  # queue drained: now wait out the window
+                if window_ends is None and policy.batch_timeout_s > 0:
+                    window_ends = first_taken + policy.batch_timeout_s  # queue drained: now wait out the window
                     continue
                 break
             first_taken = first_taken or time.monotonic()
-            api_server, uid, queued_at, _ = message
-            if apply_timeout and time.monotonic() - queued_at > lit_api.request_timeout:
+            queued_at = queued.request.queued_at
+            if queued_at is not None and time.monotonic() - queued_at > policy.request_timeout_s:
                 # Its client already got a 504 from the HTTP process: do not run it.
-                channel.answer(api_server, uid, error_answer(504, "Request timed out"))
+                channel.answer(queued, error_answer(504, "Request timed out"))
                 expired += 1
             else:
-                batch.append(message)
+                batch.append(queued)
         if expired:
-            self._note_expired(expired, lit_api.request_timeout)
+            self._note_expired(expired)
         return batch
 
     def run_batch(
-        self, lit_api: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[RequestMessage]
+        self, model: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[QueuedRequest]
     ) -> None:
-        self.finish(lit_api, channel, worker_id, batch, self.prepare(lit_api, batch))
+        """Prepare and run one batch, and answer it (pipeline depth 1)."""
+        self.finish(model, channel, worker_id, batch, self.prepare(model, batch))
 
     @staticmethod
-    def prepare(lit_api: BatchedModel, batch: list[RequestMessage]) -> Any:
-        """``lit_api.batch`` of the requests, or the exception it raised (``finish`` answers it)."""
+    def prepare(model: BatchedModel, batch: list[QueuedRequest]) -> Any:
+        """``model.prepare`` of the requests, or the exception it raised (``finish`` answers it)."""
         try:
-            return lit_api.batch([lit_api.decode_request(message[3]) for message in batch])
+            return model.prepare([queued.request for queued in batch])
         except Exception as exc:
             return PrepareFailed(exc)
 
     def finish(
-        self, lit_api: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[RequestMessage], ready: Any
+        self, model: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[QueuedRequest], ready: Any
     ) -> None:
         """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
         failure broke the device."""
@@ -228,12 +236,11 @@ class GreedyBatchedLoop(WorkerLoop):
         try:
             if isinstance(ready, PrepareFailed):
                 raise ready.error
-            outputs = lit_api.unbatch(lit_api.predict(ready))
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"predict/unbatch gave {len(outputs)} outputs for {len(batch)} requests")
-            answers = [lit_api.to_answer(output) for output in outputs]
+            answers = model.run(ready)
+            if len(answers) != len(batch):
+                raise RuntimeError(f"the model gave {len(answers)} answers for {len(batch)} requests")
         except Exception:
-            unusable = lit_api.unusable_device()
+            unusable = model.unusable_device()
             if unusable is None:
                 logger.exception("The model failed on a batch of %d request(s); answering each with 500.", len(batch))
                 answers = [error_answer(500, MODEL_FAILED)] * len(batch)
@@ -246,15 +253,15 @@ class GreedyBatchedLoop(WorkerLoop):
                     EXIT_DEVICE_UNUSABLE,
                     exc_info=True,
                 )
-                answers = [error_answer(503, DEVICE_FAILED, headers=RETRY_HEADERS)] * len(batch)
+                answers = [error_answer(503, DEVICE_FAILED, retry_after_s=_defaults.RETRY_AFTER_S)] * len(batch)
         finally:
             if self.running is not None:
                 self.running[worker_id] = 0
-        channel.answer_many([(m[0], m[1], answer) for m, answer in zip(batch, answers, strict=True)])
+        channel.answer_many(list(zip(batch, answers, strict=True)))
         if unusable is not None:
             raise DeviceUnusable(unusable)
 
-    def _note_expired(self, count: int, timeout_s: float) -> None:  # from either thread: a few ints
+    def _note_expired(self, count: int) -> None:  # from either thread: a few ints
         metrics().requests_expired.inc(count)
         self._expired_unlogged += count
         now = time.monotonic()
@@ -263,7 +270,7 @@ class GreedyBatchedLoop(WorkerLoop):
                 "Dropped %d request(s) that waited longer than the %g s deadline (--request-timeout-s) before "
                 "running: the server is overloaded. Counted in vision_serve_requests_expired_total.",
                 self._expired_unlogged,
-                timeout_s,
+                self.policy.request_timeout_s,
             )
             self._expired_unlogged = 0
             self._expired_logged_at = now

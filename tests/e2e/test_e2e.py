@@ -19,6 +19,8 @@ from service.classify_cli import main as classify_main
 from service.client import ClassifyError, VisionClient
 from service.launcher import ServerProcess, free_port
 from tests.conftest import CAT_LABELS, encode, sample_array
+from tests.worker_hold import in_flight as admitted
+from tests.worker_hold import wait_until
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "8"]
 
@@ -72,6 +74,28 @@ def test_vision_classify_json_and_errors(server, sample_files, tmp_path, capsys)
     assert lines[1]["error"].startswith("HTTP 400")
 
 
+# Run as a fresh interpreter in which torch and the server's libraries cannot be imported: what a
+# client-only install has (docs/http-api.md#clients: the client needs httpx alone).
+CLIENT_ONLY = """
+import sys
+SERVER_SIDE = {"torch", "torchvision", "numpy", "PIL", "litserve", "fastapi", "starlette", "zmq", "prometheus_client"}
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in SERVER_SIDE:
+            raise ImportError(f"{name} is not installed in a client-only environment")
+sys.meta_path.insert(0, Blocked())
+from service.classify_cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_vision_classify_runs_without_torch_or_the_server_stack(server, sample_files) -> None:
+    command = [sys.executable, "-c", CLIENT_ONLY, str(sample_files["coffee"]), "--url", server.url, "--json"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["predictions"][0]["label"] == "espresso"
+
+
 def test_vision_classify_explains_an_unreachable_server(sample_files, capsys) -> None:
     code = classify_main([str(sample_files["coffee"]), "--url", "http://127.0.0.1:9", "--timeout", "5"])
     assert code == 1 and "cannot reach the server" in capsys.readouterr().out
@@ -103,7 +127,8 @@ def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_
         assert len(children) >= 4, [c.cmdline() for c in children]
         with VisionClient(server.url) as client, ThreadPoolExecutor(8) as pool:
             in_flight = [pool.submit(client.classify, image) for _ in range(8)]
-            time.sleep(0.3)
+            # Every request admitted (or already answered): the signal finds them in the server.
+            wait_until(lambda: admitted(server.url) + sum(f.done() for f in in_flight) >= 8, "all are admitted")
             assert not all(f.done() for f in in_flight), "the requests finished before the signal"
             if to_group:
                 os.killpg(server.process.pid, stop_signal)  # the server leads its own process group

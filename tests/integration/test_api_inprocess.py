@@ -17,11 +17,10 @@ from asgi_lifespan import LifespanManager
 from litserve.utils import wrap_litserve_start
 
 from benchmarks.bad_inputs import bad_inputs
-from service.litserve_bridge import started_in_process
 from service.settings import ServeSettings
-from service.supervisor.server import build_server
-from service.worker.classifier import ClassifierAPI
+from service.worker.litserve_api import ClassifierLitAPI
 from tests.conftest import CAT_LABELS
+from tests.inprocess import started_in_process
 from tests.worker_hold import HOLD_TIMEOUT_S, worker_held
 
 # The worker is held while a test's requests queue (tests/worker_hold.py); the window only has to
@@ -30,7 +29,7 @@ BATCH_WINDOW_S = 1.0
 
 
 def start(settings: ServeSettings):
-    return started_in_process(build_server(settings))
+    return started_in_process(settings)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def call(server, requests: list[dict]) -> list[httpx.Response]:
                 with worker_held(server.worker_processes[0].pid):
                     tasks = [asyncio.create_task(client.post("/predict", **kw)) for kw in requests]
                     deadline = time.monotonic() + HOLD_TIMEOUT_S
-                    while server.admission.admitted + sum(t.done() for t in tasks) < len(tasks):
+                    while server.frontend.gate.admitted + sum(t.done() for t in tasks) < len(tasks):
                         assert time.monotonic() < deadline, "requests were not admitted"
                         await asyncio.sleep(0.01)
                 return await asyncio.gather(*tasks)
@@ -156,11 +155,11 @@ def test_dynamic_batches_form_under_load_with_the_default_greedy_batching(chelse
     assert max(sizes) > 1 and max(sizes) <= 8
 
 
-def test_classifier_api_serves_under_a_plain_litserver(chelsea_jpeg, truncated_jpeg) -> None:
-    # What a LitServe user gets by mounting ClassifierAPI in their own server: LitServe's own
+def test_the_classifier_serves_under_a_plain_litserver(chelsea_jpeg, truncated_jpeg) -> None:
+    # What a LitServe user gets by mounting ClassifierLitAPI in their own server: LitServe's own
     # request path (its queues and batched loop), a JSON base64 body, and our answer format.
     settings = ServeSettings(model="efficientnet-lite0", max_batch_size=4)
-    server = ls.LitServer(ClassifierAPI(settings), accelerator="cpu")
+    server = ls.LitServer(ClassifierLitAPI(settings), accelerator="cpu")
     with wrap_litserve_start(server) as started:
 
         async def go() -> list[httpx.Response]:

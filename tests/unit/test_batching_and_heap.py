@@ -1,7 +1,7 @@
 """The worker's batch collection (greedy, blocking, optional window) and the idle-time heap trimmer.
 
 The loop reads a real ``WorkerChannel`` (service/transport/channels.py); the test sends requests into it and
-reads the answers over ZeroMQ sockets, as an HTTP process would. Only the LitAPI stands in.
+reads the answers over ZeroMQ sockets, as an HTTP process would. Only the model stands in.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -20,9 +19,9 @@ import zmq
 from service.heap import IDLE_BEFORE_TRIM_S, MAX_TRIM_GAP_S, HeapTrimmer
 from service.metrics import metrics
 from service.transport.channels import ChannelConfig, WorkerChannel
-from service.wire import Answer
+from service.wire import Answer, ImageRequest, QueuedRequest, Reply
 from service.worker import loop as batching
-from service.worker.loop import MODEL_FAILED, GreedyBatchedLoop
+from service.worker.loop import MODEL_FAILED, BatchPolicy, GreedyBatchedLoop
 
 DELIVERY_S = 0.2  # what a local socket needs, with room, to deliver what was sent
 
@@ -38,11 +37,12 @@ class Wire:
     def put(self, n: int, start: int = 0, queued_at: float | None = None, wait: bool = True) -> None:
         for i in range(start, start + n):
             at = time.monotonic() if queued_at is None else queued_at
-            self.sender.send(pickle.dumps([(0, f"uid-{i}", at, f"request-{i}")]))  # one per message
+            request = ImageRequest(f"request-{i}".encode(), queued_at=at)
+            self.sender.send(pickle.dumps([QueuedRequest(0, f"uid-{i}", request)]))  # one per message
         if wait:
             time.sleep(DELIVERY_S)
 
-    def answered(self, timeout_s: float = 5.0) -> list[tuple[str, Answer]]:
+    def answered(self, timeout_s: float = 5.0) -> list[Reply]:
         received = []
         while self.answers.poll(round(timeout_s * 1000) if not received else 100):
             received.extend(pickle.loads(self.answers.recv()))
@@ -63,42 +63,45 @@ def wire(tmp_path: Path) -> Iterator[Wire]:
     context.destroy(linger=0)
 
 
-def _loop() -> GreedyBatchedLoop:
-    return GreedyBatchedLoop(ChannelConfig("unused", 1, 1))
+def _loop(
+    max_batch_size: int = 4, batch_timeout_s: float = 0.0, request_timeout_s: float = 30.0, **kw
+) -> GreedyBatchedLoop:
+    policy = BatchPolicy(max_batch_size, batch_timeout_s, request_timeout_s, kw.pop("pipeline_depth", 1))
+    return GreedyBatchedLoop(ChannelConfig("unused", 1, 1), policy, **kw)
 
 
-def _api(max_batch_size: int = 4, batch_timeout: float = 0.0, request_timeout: float = 30.0) -> SimpleNamespace:
-    return SimpleNamespace(max_batch_size=max_batch_size, batch_timeout=batch_timeout, request_timeout=request_timeout)
+def contents(batch: list[QueuedRequest]) -> list[tuple[int, str, bytes]]:
+    return [(m.api_server, m.uid, m.request.image) for m in batch]
 
 
 def test_takes_what_is_queued_without_waiting(wire: Wire) -> None:
     wire.put(3)
     started = time.monotonic()
-    batch = _loop().get_batch(_api(), wire.worker)
+    batch = _loop().get_batch(wire.worker)
     assert time.monotonic() - started < 0.5  # no window: it did not wait for a 4th
-    assert [(m[0], m[1], m[3]) for m in batch] == [(0, f"uid-{i}", f"request-{i}") for i in range(3)]
+    assert contents(batch) == [(0, f"uid-{i}", f"request-{i}".encode()) for i in range(3)]
 
 
 def test_never_exceeds_the_max_batch_size(wire: Wire) -> None:
     wire.put(6)
-    loop = _loop()
-    assert len(loop.get_batch(_api(max_batch_size=4), wire.worker)) == 4
-    assert len(loop.get_batch(_api(max_batch_size=4), wire.worker)) == 2, "the rest waits for the next batch"
+    loop = _loop(max_batch_size=4)
+    assert len(loop.get_batch(wire.worker)) == 4
+    assert len(loop.get_batch(wire.worker)) == 2, "the rest waits for the next batch"
 
 
 def test_a_window_waits_for_late_arrivals_and_then_stops(wire: Wire) -> None:
     wire.put(1)
     threading.Timer(0.1, wire.put, (1, 1), {"wait": False}).start()
     started = time.monotonic()
-    batch = _loop().get_batch(_api(batch_timeout=0.5), wire.worker)
+    batch = _loop(batch_timeout_s=0.5).get_batch(wire.worker)
     elapsed = time.monotonic() - started
-    assert [m[3] for m in batch] == ["request-0", "request-1"]
+    assert [m.request.image for m in batch] == [b"request-0", b"request-1"]
     assert 0.45 <= elapsed < 2.0  # the window runs from the first request; nothing else came
 
 
 def test_an_idle_channel_returns_empty_after_the_idle_wait(wire: Wire, monkeypatch) -> None:
     monkeypatch.setattr(batching, "IDLE_WAIT_S", 0.05)
-    assert _loop().get_batch(_api(), wire.worker) == []
+    assert _loop().get_batch(wire.worker) == []
 
 
 def expired_count() -> float:
@@ -106,67 +109,59 @@ def expired_count() -> float:
 
 
 def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplog) -> None:
-    loop = _loop()
+    loop = _loop(request_timeout_s=30)
     before = expired_count()
     for _ in range(2):  # two rounds: the second drop is counted but not logged again so soon
         wire.put(1, queued_at=time.monotonic() - 60, wait=False)
         wire.put(1, start=1)
-        assert [m[1] for m in loop.get_batch(_api(request_timeout=30), wire.worker)] == ["uid-1"]
+        assert [m.uid for m in loop.get_batch(wire.worker)] == ["uid-1"]
     assert [(uid, answer.status_code) for uid, answer in wire.answered()] == [("uid-0", 504), ("uid-0", 504)]
     assert expired_count() == before + 2
     dropped = [r for r in caplog.records if r.name == "service.worker.loop" and "Dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING"
 
 
-class EchoAPI:
-    """batch/predict/unbatch/to_answer of a model that answers each request's text, or fails.
+class EchoModel:
+    """A ``BatchedModel`` that answers each request's text, or fails.
 
     ``device_broken``: after a failure, ``unusable_device`` reports the device unusable, as
     preprocessing.device_health does after a sticky CUDA error (which a CPU cannot produce).
     """
 
-    max_batch_size, batch_timeout, request_timeout = 8, 0.0, 30.0
-
     def __init__(self, fail: bool = False, drop_one: bool = False, device_broken: bool = False) -> None:
         self.fail, self.drop_one, self.device_broken = fail, drop_one, device_broken
-        self.predicted = 0
+        self.ran = 0
 
     def unusable_device(self) -> str | None:
         return "cuda:0: CUDA error: an illegal memory access was encountered" if self.device_broken else None
 
-    def decode_request(self, request: str) -> str:
-        return request
+    def prepare(self, requests: list[ImageRequest]) -> list[ImageRequest]:
+        return requests
 
-    def batch(self, inputs: list[str]) -> list[str]:
-        return inputs
-
-    def predict(self, batch: list[str]) -> list[str]:
-        self.predicted += 1
+    def run(self, prepared: list[ImageRequest]) -> list[Answer]:
+        self.ran += 1
         if self.fail:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return batch[1:] if self.drop_one else batch
-
-    def unbatch(self, output: list[str]) -> list[str]:
-        return output
-
-    def to_answer(self, output: str) -> Answer:
-        return Answer(predictions=((0, output, 1.0),), batch_size=1)
+        kept = prepared[1:] if self.drop_one else prepared
+        return [Answer(predictions=((0, r.image.decode(), 1.0),), batch_size=1) for r in kept]
 
 
 def test_each_request_of_a_batch_gets_its_own_answer(wire: Wire) -> None:
     wire.put(3)
-    loop, api = _loop(), EchoAPI()
-    loop.run_batch(api, wire.worker, 0, loop.get_batch(api, wire.worker))
+    loop, model = _loop(max_batch_size=8), EchoModel()
+    loop.run_batch(model, wire.worker, 0, loop.get_batch(wire.worker))
     assert [(uid, answer.predictions[0][1]) for uid, answer in wire.answered()] == [
         (f"uid-{i}", f"request-{i}") for i in range(3)
     ]
 
 
-@pytest.mark.parametrize("api", [EchoAPI(fail=True), EchoAPI(drop_one=True)], ids=["model-raises", "output-missing"])
-def test_a_failed_batch_answers_every_request_500_and_the_loop_goes_on(wire: Wire, api: EchoAPI, caplog) -> None:
+@pytest.mark.parametrize(
+    "model", [EchoModel(fail=True), EchoModel(drop_one=True)], ids=["model-raises", "output-missing"]
+)
+def test_a_failed_batch_answers_every_request_500_and_the_loop_goes_on(wire: Wire, model: EchoModel, caplog) -> None:
     wire.put(2)
-    loop = GreedyBatchedLoop(ChannelConfig("unused", 1, 1), running=[5])
-    loop.run_batch(api, wire.worker, 0, loop.get_batch(api, wire.worker))
+    loop = _loop(max_batch_size=8, running=[5])
+    loop.run_batch(model, wire.worker, 0, loop.get_batch(wire.worker))
     assert [(uid, a.status_code, a.detail) for uid, a in wire.answered()] == [
         ("uid-0", 500, MODEL_FAILED),
         ("uid-1", 500, MODEL_FAILED),
@@ -187,11 +182,11 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
     sender = context.socket(zmq.PUSH)
     sender.connect(config.request_address(0))
     exits: list[int] = []
-    loop = GreedyBatchedLoop(config, running=[0], pipeline_depth=depth, exit_process=exits.append)
-    api = EchoAPI(fail=True, device_broken=True)
-    api.max_batch_size = 2
-    sender.send(pickle.dumps([(0, f"uid-{i}", time.monotonic(), f"request-{i}") for i in range(4)]))
-    worker = threading.Thread(target=loop.serve, args=(api, 0))
+    loop = GreedyBatchedLoop(config, BatchPolicy(max_batch_size=2, pipeline_depth=depth), [0], exits.append)
+    model = EchoModel(fail=True, device_broken=True)
+    requests = [QueuedRequest(0, f"uid-{i}", ImageRequest(b"x", queued_at=time.monotonic())) for i in range(4)]
+    sender.send(pickle.dumps(requests))
+    worker = threading.Thread(target=loop.serve, args=(model, 0))
     worker.start()
     try:
         worker.join(20)
@@ -201,14 +196,11 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
     finally:
         context.destroy(linger=0)
     assert exits == [batching.EXIT_DEVICE_UNUSABLE]
-    assert [(uid, a.status_code, a.headers.get("Retry-After")) for uid, a in answered] == [
-        ("uid-0", 503, "1"),
-        ("uid-1", 503, "1"),
-    ]
-    assert answered[0][1].detail == batching.DEVICE_FAILED
+    assert [(uid, a.status_code, a.retry_after_s) for uid, a in answered] == [("uid-0", 503, 1), ("uid-1", 503, 1)]
+    assert answered[0].answer.detail == batching.DEVICE_FAILED
     # The batch after it may have been prepared (depth 2) but never ran: its requests are answered
     # 503 by the HTTP process when it sees the worker restart (service/frontend/worker_watch.py).
-    assert api.predicted == 1
+    assert model.ran == 1
     assert any(r.levelname == "CRITICAL" and "no longer runs work" in r.getMessage() for r in caplog.records)
 
 
@@ -274,23 +266,21 @@ def test_a_batch_that_starts_while_a_trim_is_claimed_keeps_its_dirt() -> None:
     assert trimmer.trim_if_due(time.monotonic() + IDLE_BEFORE_TRIM_S + 0.01)
 
 
-class PrepareFailsOn(EchoAPI):
-    max_batch_size = 2
-
-    def __init__(self, bad: str) -> None:
+class PrepareFailsOn(EchoModel):
+    def __init__(self, bad: bytes) -> None:
         super().__init__()
         self.bad = bad
 
-    def batch(self, inputs: list[str]) -> list[str]:
-        if self.bad in inputs:
+    def prepare(self, requests: list[ImageRequest]) -> list[ImageRequest]:
+        if any(r.image == self.bad for r in requests):
             raise ValueError("a preprocessing bug")
-        return inputs
+        return requests
 
 
 def test_the_pipelined_loop_answers_every_request_and_survives_a_failed_prepare(wire: Wire) -> None:
     wire.put(6)
-    loop, stop = GreedyBatchedLoop(ChannelConfig("unused", 1, 1), running=[0], pipeline_depth=2), threading.Event()
-    thread = threading.Thread(target=loop.serve_pipelined, args=(PrepareFailsOn("request-3"), wire.worker, 0, stop))
+    loop, stop = _loop(max_batch_size=2, pipeline_depth=2, running=[0]), threading.Event()
+    thread = threading.Thread(target=loop.serve_pipelined, args=(PrepareFailsOn(b"request-3"), wire.worker, 0, stop))
     thread.start()
     try:
         answers = {}
@@ -311,7 +301,7 @@ def test_the_pipelined_loop_answers_every_request_and_survives_a_failed_prepare(
 
 def test_pipeline_depth_must_be_at_least_one() -> None:
     with pytest.raises(ValueError, match="pipeline_depth must be >= 1"):
-        GreedyBatchedLoop(ChannelConfig("unused", 1, 1), pipeline_depth=0)
+        BatchPolicy(pipeline_depth=0)
 
 
 def test_startup_objects_are_frozen_out_of_the_collectors_passes() -> None:
@@ -331,38 +321,33 @@ def test_startup_objects_are_frozen_out_of_the_collectors_passes() -> None:
         gc.unfreeze()
 
 
-def stage_api(pipeline_depth: int):
-    """The real ClassifierAPI with what its setup attaches, but a model that answers at once: the
-    stage accounting is under test, not the model."""
+def instant_classifier(pipeline_depth: int):
+    """The real Classifier with a model that answers at once: the stage accounting is under test."""
     import torch
 
     from compile.catalog import get_model_entry
     from preprocessing.pil_backend import PilPreprocessor
     from service.settings import ServeSettings
-    from service.worker.classifier import ClassifierAPI
+    from service.worker.classifier import Classifier
     from service.worker.engine import ServedModel
 
     entry = get_model_entry("efficientnet-lite0")
-    api = ClassifierAPI(ServeSettings(model=entry.name, pipeline_depth=pipeline_depth))
-    api.served = ServedModel(entry, "instant", run=lambda images: torch.zeros(len(images), len(entry.labels)))
-    api.torch_device, api.pipelined, api.prepare_stream = torch.device("cpu"), pipeline_depth > 1, None
-    api.heap_trimmer, api.preprocessor = HeapTrimmer(), PilPreprocessor(entry.preprocess, "cpu")
-    return api
+    served = ServedModel(entry, "instant", run=lambda images: torch.zeros(len(images), len(entry.labels)))
+    settings = ServeSettings(model=entry.name, pipeline_depth=pipeline_depth)
+    return Classifier(settings, served, PilPreprocessor(entry.preprocess, "cpu"), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_a_prepared_batch_waiting_for_the_engine_is_a_stage_of_its_own(depth: int, chelsea_jpeg: bytes) -> None:
     """At depth 2 a prepared batch waits while the engine runs the one before it: that wait must be
     in the breakdown (Server-Timing, the stage histogram), or the stages do not add up."""
-    from service.rest.parsing import ImageRequest
-
-    api = stage_api(depth)
+    classifier = instant_classifier(depth)
     started = time.perf_counter()
-    prepared = api.batch([ImageRequest(chelsea_jpeg), ImageRequest(chelsea_jpeg)])
+    prepared = classifier.prepare([ImageRequest(chelsea_jpeg), ImageRequest(chelsea_jpeg)])
     time.sleep(0.3)  # the engine is busy with the batch before this one
-    (result, _) = api.predict(prepared)
+    (answer, _) = classifier.run(prepared)
     elapsed_ms = (time.perf_counter() - started) * 1e3
-    stages = result.timings_ms
+    stages = answer.timings_ms
     if depth == 1:
         assert "pipeline_wait" not in stages  # nothing waits between preparing and running
         return

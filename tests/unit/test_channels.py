@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from service.rest.parsing import ImageRequest
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
-from service.wire import Answer, error_answer
+from service.wire import Answer, ImageRequest, QueuedRequest, error_answer
 
 TIMEOUT_S = 5.0
 
@@ -31,12 +30,12 @@ def test_a_request_reaches_the_chosen_worker_and_its_answer_comes_back(tmp_path:
         workers = [WorkerChannel(config, worker_id) for worker_id in range(2)]
         receiving = asyncio.create_task(api.receive_answers())
         try:
-            future = api.submit(1, "uid-1", time.monotonic(), ImageRequest(b"cat", top_k=3))
+            future = api.submit(1, "uid-1", ImageRequest(b"cat", top_k=3))
             message = await asyncio.to_thread(workers[1].receive, TIMEOUT_S)
             assert workers[0].receive(0) is None, "only the chosen worker gets it"
-            api_server, uid, _, request = message
+            api_server, uid, request = message
             assert (api_server, uid, request.image, request.top_k) == (1, "uid-1", b"cat", 3)
-            workers[1].answer(api_server, uid, answer_for(request))
+            workers[1].answer(message, answer_for(request))
             answer = await asyncio.wait_for(future, TIMEOUT_S)
             assert answer.predictions == ((0, "cat", 1.0),)
         finally:
@@ -53,9 +52,9 @@ def test_the_least_busy_ready_worker_is_picked(tmp_path: Path) -> None:
         api = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=3), 0)
         assert api.pick_worker([]) is None
         assert api.pick_worker([0, 1, 2]) == 0
-        api.submit(0, "a", time.monotonic(), ImageRequest(b"x"))
+        api.submit(0, "a", ImageRequest(b"x"))
         assert api.pick_worker([0, 1, 2]) == 1
-        api.submit(1, "b", time.monotonic(), ImageRequest(b"x"))
+        api.submit(1, "b", ImageRequest(b"x"))
         assert api.pick_worker([0, 1]) == 0, "a tie goes to the first listed"
         assert api.pick_worker([0, 1, 2]) == 2
         api.forget("a")
@@ -73,12 +72,12 @@ def test_a_late_answer_for_a_forgotten_request_is_dropped(tmp_path: Path) -> Non
         worker = WorkerChannel(config, 0)
         receiving = asyncio.create_task(api.receive_answers())
         try:
-            gone = api.submit(0, "gone", time.monotonic(), ImageRequest(b"a"))
-            waiting = api.submit(0, "waiting", time.monotonic(), ImageRequest(b"b"))
+            gone = api.submit(0, "gone", ImageRequest(b"a"))
+            waiting = api.submit(0, "waiting", ImageRequest(b"b"))
             api.forget("gone")  # its client got a 504
             for _ in range(2):
-                api_server, uid, _, request = await asyncio.to_thread(worker.receive, TIMEOUT_S)
-                worker.answer(api_server, uid, answer_for(request))
+                message = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+                worker.answer(message, answer_for(message.request))
             assert (await asyncio.wait_for(waiting, TIMEOUT_S)).predictions[0][1] == "b"
             assert not gone.done()
         finally:
@@ -94,15 +93,18 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
 
     async def scenario() -> None:
         api = ApiChannel(config, 0)
-        # No worker is bound yet (it died): the requests wait in this process's pipe.
-        held = [api.submit(0, f"uid-{i}", time.monotonic(), ImageRequest(b"x")) for i in range(3)]
+        # No worker is bound (it died): the requests leave the outbox at the end of the loop's turn
+        # and wait in the socket's pipe, where a restarted worker would find them.
+        held = [api.submit(0, f"uid-{i}", ImageRequest(b"x")) for i in range(3)]
+        await asyncio.sleep(0)
+        assert api._outbox == [[]], "sent: the purge must reach the pipe, not only the outbox"
         assert api.fail_worker(0, error_answer(503, "worker died")) == 3
         assert [f.result().status_code for f in held] == [503, 503, 503]
         assert api.pick_worker([0]) == 0 and api.fail_worker(0, error_answer(503, "again")) == 0
         restarted = WorkerChannel(config, 0)
         try:
             assert restarted.receive(0.5) is None, "the restarted worker must not run answered requests"
-            api.submit(0, "new", time.monotonic(), ImageRequest(b"y"))
+            api.submit(0, "new", ImageRequest(b"y"))
             assert (await asyncio.to_thread(restarted.receive, TIMEOUT_S))[1] == "new"
         finally:
             restarted.close()
@@ -124,12 +126,12 @@ def test_requests_to_a_worker_that_stopped_reading_are_answered_503(
         try:
             futures = []
             for turn in range(50):  # one message per turn of the loop; nobody reads them
-                futures += [api.submit(0, f"uid-{turn}-{i}", time.monotonic(), ImageRequest(b"x")) for i in range(3)]
+                futures += [api.submit(0, f"uid-{turn}-{i}", ImageRequest(b"x")) for i in range(3)]
                 await asyncio.sleep(0)
             refused = [f.result() for f in futures if f.done()]
             assert refused, "a full pipe must answer, not hang"
             assert {a.status_code for a in refused} == {503}
-            assert "worker 0 is not reading" in refused[0].detail and refused[0].headers["Retry-After"]
+            assert "worker 0 is not reading" in refused[0].detail and refused[0].retry_after_s
         finally:
             api.close()
 
@@ -144,11 +146,11 @@ def test_requests_submitted_in_one_turn_of_the_loop_travel_as_one_message(tmp_pa
         worker = WorkerChannel(config, 0)
         try:
             for i in range(5):
-                api.submit(0, i, time.monotonic(), ImageRequest(bytes([i])))
+                api.submit(0, i, ImageRequest(bytes([i])))
             await asyncio.sleep(0)  # the end of the turn: the flush
             assert await asyncio.to_thread(worker._requests.poll, TIMEOUT_S * 1000)
             batch = pickle.loads(worker._requests.recv())
-            assert [(uid, request.image) for _, uid, _, request in batch] == [(i, bytes([i])) for i in range(5)]
+            assert [(uid, request.image) for _, uid, request in batch] == [(i, bytes([i])) for i in range(5)]
             assert worker._requests.poll(0) == 0, "one message, not five"
         finally:
             api.close()
@@ -164,6 +166,6 @@ def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Pa
     worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)
     started = time.monotonic()
     for i in range(100):  # nobody binds answers-0
-        worker.answer(0, f"uid-{i}", error_answer(504, "late"))
+        worker.answer(QueuedRequest(0, f"uid-{i}", ImageRequest(b"")), error_answer(504, "late"))
     assert time.monotonic() - started < 2.0
     worker.close()

@@ -4,7 +4,7 @@ The property for images: whatever the bytes, a backend answers with a decoded ro
 finite values) or an ``ImageError`` of 400, 413 or 415, never another exception; and the good
 image batched with the fuzzed one, and decoded after it, comes out bit-identical to decoding it
 alone (the worker survives, its decoder state is not poisoned). For request parsing: a value or an
-``HTTPException`` with a 4xx, nothing else.
+``ServiceError`` with a 4xx, nothing else.
 
 CI runs a small, derandomized budget (reproducible; the whole file takes well under a minute on two
 cores). For a longer, randomized fuzz (failures are saved in ``.hypothesis/`` and replayed first
@@ -25,7 +25,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from fastapi import HTTPException
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -36,6 +35,7 @@ from preprocessing.base import ImageDecodeError, Preprocessor
 from preprocessing.probe import probe_image
 from preprocessing.registry import backend_problem
 from service import _defaults as service_defaults
+from service.errors import ServiceError
 from service.rest.parsing import decode_base64_image, parse_top_k
 from tests.conftest import encode, sample_array
 
@@ -245,9 +245,9 @@ def wrap_base64(raw: bytes, width: int, data_url: bool) -> str:
 wrapped_base64 = st.builds(wrap_base64, st.binary(max_size=300), st.integers(1, 80), st.booleans())
 
 
-def check_http_error(exc: HTTPException, allowed: range) -> None:
-    assert exc.status_code in allowed, (exc.status_code, exc.detail)
-    assert isinstance(exc.detail, str) and exc.detail
+def check_http_error(exc: ServiceError, allowed: range) -> None:
+    assert exc.status in allowed, (exc.status, exc.message)
+    assert isinstance(exc.message, str) and exc.message
 
 
 @fuzz_settings(400)
@@ -255,7 +255,7 @@ def check_http_error(exc: HTTPException, allowed: range) -> None:
 def test_decode_base64_image_answers_bytes_or_400(value: object) -> None:
     try:
         decoded = decode_base64_image(value)
-    except HTTPException as exc:
+    except ServiceError as exc:
         check_http_error(exc, range(400, 500))
     else:
         assert isinstance(value, str) and isinstance(decoded, bytes)
@@ -273,7 +273,7 @@ def test_decode_base64_image_round_trips(raw: bytes, width: int, data_url: bool)
 def test_parse_top_k_answers_an_int_in_range_or_422(raw: object) -> None:
     try:
         value = parse_top_k(raw)
-    except HTTPException as exc:
+    except ServiceError as exc:
         check_http_error(exc, range(422, 423))
     else:
         assert type(value) is int and 1 <= value <= service_defaults.MAX_TOP_K
@@ -288,9 +288,9 @@ def test_parse_top_k_examples() -> None:
     for raw, expected in ((1, 1), ("5", 5), (" 7 ", 7), (3.0, 3), (str(top), top)):
         assert parse_top_k(raw) == expected
     for bad in (0, -1, service_defaults.MAX_TOP_K + 1, 2.5, True, None, "five", float("nan"), float("inf"), [3]):
-        with pytest.raises(HTTPException) as caught:
+        with pytest.raises(ServiceError) as caught:
             parse_top_k(bad)
-        assert caught.value.status_code == 422
+        assert caught.value.status == 422
 
 
 def test_truncated_seeds_get_past_the_probe() -> None:

@@ -23,9 +23,10 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from litserve.callbacks.base import CallbackRunner
 from litserve.loops.loops import inference_worker
+from litserve.utils import wrap_litserve_start
 
 from service import litserve_bridge
-from service.litserve_bridge import READY, STARTING, LitServerBridge, WorkerLoop, started_in_process, worker_id_of
+from service.litserve_bridge import READY, STARTING, LitServerBridge, WorkerLoop, worker_id_of
 
 
 def parameters(function: object) -> list[str]:
@@ -39,15 +40,15 @@ class RecordingLoop(WorkerLoop):
         super().__init__()
         self.record = record
 
-    def serve(self, lit_api: ls.LitAPI, worker_id: int) -> None:
-        Path(self.record).write_text(f"{worker_id} {os.getpid()}")
+    def serve(self, model: object, worker_id: int) -> None:
+        Path(self.record).write_text(f"{worker_id} {os.getpid()} {model}")
         while True:  # like a real loop: runs until the process is stopped
             time.sleep(0.05)
 
 
 class TrivialAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
-        self.device_seen = device
+        self.model = f"model-on-{device}"  # what the loop gets to serve
 
     def predict(self, x: object) -> object:
         return x
@@ -111,8 +112,8 @@ def test_inference_worker_marks_ready_then_calls_the_loop_with_the_worker_id(tmp
         while not record.exists():
             assert process.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)
-        worker_id, pid = record.read_text().split()
-        assert (int(worker_id), int(pid)) == (3, process.pid)
+        worker_id, pid, model = record.read_text().split()
+        assert (int(worker_id), int(pid), model) == (3, process.pid, "model-on-cpu")
         assert dict(status) == {"predict_3": READY}, "READY must be written before the loop runs"
     finally:
         process.kill()
@@ -164,7 +165,7 @@ def test_in_process_start_runs_the_hooks_and_reports_worker_states(tmp_path: Pat
                 codes = [(await client.get("/ping")).status_code, (await client.get("/health")).status_code]
         return codes
 
-    with started_in_process(server):
+    with wrap_litserve_start(server):
         deadline = time.monotonic() + 60
         while server.worker_states() != {0: READY}:
             assert time.monotonic() < deadline, server.worker_states()

@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import hmac
 import multiprocessing
-import time
 from pathlib import Path
 
 import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
+from service.errors import ServiceError
 from service.frontend.admission import AdmissionGate
 from service.frontend.auth import ApiKeyAuth
-from service.frontend.worker_watch import WorkerWatch, restart_dead_workers
+from service.frontend.worker_watch import WorkerWatch
 from service.litserve_bridge import ERROR, READY, STARTING
-from service.rest.parsing import ImageRequest
+from service.rest.render import handle_service_error
+from service.supervisor.restarts import restart_dead_workers
 from service.transport.channels import ApiChannel, ChannelConfig
+from service.wire import ImageRequest
 
 
 def test_admission_gate_bounds_and_recovers() -> None:
@@ -51,6 +53,7 @@ def test_admission_gate_is_shared_by_forked_http_processes() -> None:
 @pytest.fixture(scope="module")
 def locked_app() -> TestClient:
     app = FastAPI()
+    app.add_exception_handler(ServiceError, handle_service_error)  # as service/frontend/routes.py does
 
     @app.get("/secret", dependencies=[Depends(ApiKeyAuth("k3y-with-some-length"))])
     async def secret() -> dict:
@@ -104,16 +107,16 @@ def test_watch_fails_only_the_dead_workers_requests(tmp_path: Path) -> None:
         watch = WorkerWatch(lambda: dict(states), channel)
         watch.refresh()
         assert watch.ready and watch.ready_workers == [0, 1]
-        held_by_0 = channel.submit(0, "a", time.monotonic(), ImageRequest(b"jpeg"))
-        held_by_1 = channel.submit(1, "b", time.monotonic(), ImageRequest(b"jpeg"))
+        held_by_0 = channel.submit(0, "a", ImageRequest(b"jpeg"))
+        held_by_1 = channel.submit(1, "b", ImageRequest(b"jpeg"))
         states[0] = STARTING  # the monitor restarts worker 0 after it died
         watch.refresh()
         assert not watch.ready and watch.ready_workers == [1]
         answer = held_by_0.result()
-        assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+        assert answer.status_code == 503 and answer.retry_after_s == 1
         assert not held_by_1.done()  # worker 1 is fine
         # Sent to worker 0 by a request that picked it just before this process saw the state.
-        late = channel.submit(0, "late", time.monotonic(), ImageRequest(b"jpeg"))
+        late = channel.submit(0, "late", ImageRequest(b"jpeg"))
         watch.refresh()
         assert late.result().status_code == 503
         states[0] = READY

@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import base64
+import multiprocessing
+from pathlib import Path
 
 import pytest
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
-from service.rest.parsing import RequestLimits, decode_base64_image, parse_top_k, read_predict_request
+from service.errors import ServiceError
+from service.frontend.http_common import RequestLimits
+from service.rest.parsing import decode_base64_image, parse_top_k, read_predict_request
+from service.rest.render import handle_service_error
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
-from service.supervisor.server import resolve_device
+from service.supervisor.plan import resolve_device
 from service.worker.engine import bind_worker_device
 
 SMALL_LIMIT = 1000
 
 
 def echo_app(limits: RequestLimits) -> TestClient:
-    """A bare FastAPI app that answers with what read_predict_request parsed."""
+    """A bare FastAPI app that answers with what read_predict_request parsed (its errors as the
+    server's routes answer them)."""
     app = FastAPI()
+    app.add_exception_handler(ServiceError, handle_service_error)
 
     @app.post("/predict")
     async def predict(request: Request) -> dict:
@@ -144,12 +151,12 @@ def test_base64_with_line_breaks_is_accepted(echo_client) -> None:
 def test_top_k_parsing_edges() -> None:
     assert parse_top_k("1") == 1 and parse_top_k(1000) == 1000 and parse_top_k(5.0) == 5
     for not_a_top_k in ("1_0", "\u0665", "5.0", "", "9" * 5000, "0\x1f", None, [5], float("inf"), float("nan")):
-        with pytest.raises(HTTPException) as caught:
+        with pytest.raises(ServiceError) as caught:
             parse_top_k(not_a_top_k)
-        assert caught.value.status_code == 422 and len(caught.value.detail) < 200
-    with pytest.raises(HTTPException):
+        assert caught.value.status == 422 and len(caught.value.message) < 200
+    with pytest.raises(ServiceError):
         parse_top_k(2.5)
-    with pytest.raises(HTTPException):
+    with pytest.raises(ServiceError):
         decode_base64_image("data:image/png;base64")
 
 
@@ -255,6 +262,7 @@ def test_info_lists_devices_flat() -> None:
 def many_echo_app(limits: RequestLimits) -> TestClient:
     """A bare FastAPI app that answers with each parsed image's size, or its own error."""
     app = FastAPI()
+    app.add_exception_handler(ServiceError, handle_service_error)
 
     @app.post("/predict")
     async def predict(request: Request) -> dict:
@@ -316,7 +324,8 @@ def test_a_taken_grpc_port_is_refused_before_anything_starts(caplog) -> None:
     """SO_REUSEPORT would let the gRPC servers share a port with a stale server: serve() checks first."""
     import socket
 
-    from service.supervisor.server import check_port_free, serve
+    from service.supervisor.plan import plan_serving
+    from service.supervisor.server import build_server, check_port_free, serve
 
     with socket.socket() as holder:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a gRPC server binds it
@@ -325,8 +334,10 @@ def test_a_taken_grpc_port_is_refused_before_anything_starts(caplog) -> None:
         port = holder.getsockname()[1]
         with pytest.raises(OSError):
             check_port_free("127.0.0.1", port)
-        assert serve(ServeSettings(grpc_port=port)) == 1
+        server = build_server(plan_serving(ServeSettings(model="efficientnet-lite0", grpc_port=port)))
+        assert serve(server) == 1
     assert f"--grpc-port {port} cannot be used" in caplog.text
+    assert not Path(server.channels.directory).exists() and not multiprocessing.active_children(), "nothing started"
     check_port_free("127.0.0.1", port)  # free again once its holder closed
 
 
@@ -340,12 +351,12 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
     so libraries that use the current device (CV-CUDA, nvImageCodec) work on the worker's own GPU."""
     import torch
 
+    from service.supervisor.plan import plan_serving
     from service.supervisor.server import build_server
-    from service.worker.classifier import ClassifierAPI
+    from service.worker.classifier import Classifier
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     settings = ServeSettings(model="efficientnet-lite0", preprocess="pil", workers_per_device=2)
-    server = build_server(settings)
+    server = build_server(plan_serving(settings, cuda_count=2))
     server.channels.remove()  # never started: only its worker plan is read
     assert server.worker_count == 4
     handed = [group[0] for group in server._inference_workers_config_for_api(server.lit_api.api_path)]
@@ -360,7 +371,7 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     for device in handed:
         with pytest.raises(DeviceBound):
-            ClassifierAPI(settings).setup(device)
+            Classifier.load(settings, device)
     assert [d.index for d in bound] == [0, 1, 0, 1]
     bind_worker_device(torch.device("cpu"))  # a CPU worker binds nothing
     assert len(bound) == 4

@@ -1,0 +1,131 @@
+"""One HTTP process's front end: everything it runs besides the route handlers themselves.
+
+``HttpFrontEnd`` is made in the main process, before the HTTP processes fork, with what they all
+share: the settings, the request limits, the admission gate (shared memory), the dispatcher, the
+channels' configuration. In each HTTP process, ``running(api_server)`` then opens that process's own
+request/answer channel, its view of the workers (``WorkerWatch``) and its gRPC server, attaches the
+first two to the dispatcher, and closes all of them when the process ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from service.frontend.admission import AdmissionGate
+from service.frontend.dispatch import ImageDispatcher
+from service.frontend.http_common import RequestLimits
+from service.frontend.worker_watch import WorkerWatch
+from service.metrics import LiveState, LiveStateCollector
+from service.settings import ServeSettings
+from service.supervisor.plan import ModelInfo
+from service.transport.channels import ApiChannel, ChannelConfig
+
+logger = logging.getLogger(__name__)
+
+GRPC_STOP_GRACE_S = 5.0
+
+
+class HttpFrontEnd:
+    """``read_worker_states``: worker id -> setup state (a round trip to LitServe's manager);
+    ``running_batches``: per worker, the size of the batch it runs now (shared memory)."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        model: ModelInfo,
+        channels: ChannelConfig,
+        read_worker_states: Callable[[], dict[int, str]],
+        running_batches: Sequence[int],
+        server_version: str,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.channels = channels
+        self.read_worker_states = read_worker_states
+        self.running_batches = running_batches
+        self.server_version = server_version
+        self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels, settings.max_images_per_request)
+        self.gate = AdmissionGate(settings.max_queue)
+        self.dispatcher = ImageDispatcher(self.gate, settings.request_timeout_s)
+        self.watch: WorkerWatch | None = None  # this HTTP process's, while ``running``
+        self._live_metrics: LiveStateCollector | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self, api_server: int) -> AsyncIterator[None]:
+        """This HTTP process's channel, worker watch and gRPC server, for the life of the process."""
+        channel = ApiChannel(self.channels, api_server)
+        watch = WorkerWatch(self.read_worker_states, channel)
+        watch.refresh()
+        self.watch = watch
+        self.dispatcher.attach(channel, watch)
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
+            loop.create_task(watch.run(), name="vision-serve-worker-watch"),
+        ]
+        grpc_server = await self.start_grpc() if self.settings.grpc_port else None
+        try:
+            yield
+        finally:
+            if grpc_server is not None:
+                # Its calls in flight finish while the workers still answer (they stop after us).
+                await grpc_server.stop(GRPC_STOP_GRACE_S)
+            for task in tasks:
+                task.cancel()
+            self.dispatcher.detach()
+            self.watch = None
+            channel.close()
+
+    async def start_grpc(self) -> object:
+        """The Open Inference Protocol's gRPC service in this HTTP process (service/oip/grpc_service.py)."""
+        from service.oip.grpc_service import InferenceServicer, start_grpc_server  # grpc only where it is on
+
+        settings = self.settings
+        servicer = InferenceServicer(
+            self.dispatcher,
+            self.limits,
+            model=settings.model,
+            engine=self.model.engine,
+            ready=self.ready,
+            server_version=self.server_version,
+            api_key=settings.api_key,
+        )
+        return await start_grpc_server(servicer, settings.host, settings.grpc_port, settings.max_body_bytes)
+
+    def ready(self) -> bool:
+        """Every inference worker has loaded its model and warmed up (this HTTP process's view)."""
+        return self.watch is not None and self.watch.ready
+
+    def worker_states(self) -> dict[str, str]:
+        """``{"worker_0": "ready", ...}``: for /ready and the workers gauge."""
+        return self.watch.named_states() if self.watch is not None else {}
+
+    def queue_depth(self) -> int:
+        """Images admitted and not yet in a running batch, across the server."""
+        return max(0, self.gate.admitted - sum(self.running_batches))
+
+    def in_flight(self) -> int:
+        return self.gate.admitted
+
+    def live_metrics(self) -> LiveStateCollector:
+        """Made once per HTTP process, on its first scrape: its readers fetch the changing values."""
+        if self._live_metrics is None:
+            self._live_metrics = LiveStateCollector(
+                LiveState(
+                    queue_depth=self.queue_depth,
+                    in_flight=self.in_flight,
+                    in_flight_limit=self.settings.max_queue,
+                    worker_states=self.worker_states,
+                    build_info={
+                        "version": self.server_version,
+                        "model": self.model.model,
+                        "engine": self.model.engine,
+                        "preprocess": self.model.preprocess,
+                        "device": self.model.device,
+                    },
+                )
+            )
+        return self._live_metrics

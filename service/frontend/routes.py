@@ -1,0 +1,89 @@
+"""Every route of the HTTP processes, registered on LitServe's app in the main process before they fork.
+
+- ``POST /predict`` (service/rest/predict.py) and the Open Inference Protocol's infer paths
+  (service/oip/rest.py) answer from plain ASGI handlers ahead of FastAPI's stack; FastAPI routes of
+  the same paths document them in /docs and answer the same way.
+- ``/health`` (alive), ``/ready`` (every worker loaded and warmed) and ``/metrics`` (Prometheus)
+  answer without a key; with ``--api-key``, ``/predict``, ``/info`` and the OIP metadata need it.
+- ``GET /`` is the upload page.
+"""
+
+from __future__ import annotations
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from service.errors import ServiceError
+from service.frontend.auth import ApiKeyAuth
+from service.frontend.observer import HttpObserver
+from service.frontend.process import HttpFrontEnd
+from service.litserve_bridge import add_fast_route
+from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from service.metrics import exposition
+from service.oip.rest import OipInferEndpoint, add_oip_routes, infer_paths
+from service.rest.predict import OPENAPI_EXTRA, PredictEndpoint
+from service.rest.render import handle_service_error
+from service.rest.upload_page import upload_page
+
+
+def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_info: dict) -> None:
+    """``server_info``: ``/info``'s ``server`` object, less what changes at run time (the queue)."""
+    settings = frontend.settings
+    check_auth = ApiKeyAuth(settings.api_key) if settings.api_key else None
+    auth_dependencies = [Depends(check_auth)] if check_auth else []
+    inference_paths = [api_path, *infer_paths(settings.model)]
+    app.add_exception_handler(ServiceError, handle_service_error)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> HTMLResponse:
+        """A page to try the model from a browser: pick or drop an image, see the top 5 and the latency."""
+        return upload_page()
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness: the HTTP server answers. Never needs the API key."""
+        return {"status": "alive"}
+
+    @app.get("/ready", responses={503: {"description": "a worker is starting or restarting"}})
+    async def ready() -> JSONResponse:
+        """Readiness: every inference worker has loaded its model and finished warm-up."""
+        is_ready = frontend.ready()
+        return JSONResponse(
+            {"ready": is_ready, "workers": frontend.worker_states()}, status_code=200 if is_ready else 503
+        )
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        """Prometheus text format; a plain def, so FastAPI runs the file reads in its thread pool."""
+        return Response(exposition(frontend.live_metrics()), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/info", dependencies=auth_dependencies)
+    async def info() -> dict:
+        server = dict(server_info)
+        server["queued"] = frontend.gate.admitted
+        return {"model": frontend.model.to_dict(), "server": server}
+
+    endpoint = PredictEndpoint(frontend.dispatcher, frontend.limits, check_auth)
+    # POST /predict skips FastAPI's stack: the observer (request id, access log, counts) wraps it
+    # directly. The FastAPI route below is what /docs shows, and answers the same way.
+    add_fast_route(app, "POST", api_path, HttpObserver(endpoint, inference_paths))
+
+    async def predict(request: Request) -> Response:
+        return await endpoint.handle(request)
+
+    app.add_api_route(
+        api_path,
+        predict,
+        methods=["POST"],
+        dependencies=auth_dependencies,
+        openapi_extra=OPENAPI_EXTRA,
+        summary="Classify one image, or several: their top-k ImageNet labels",
+    )
+
+    oip_endpoint = OipInferEndpoint(frontend.dispatcher, frontend.limits, settings.model, check_auth)
+    for path in infer_paths(settings.model):
+        add_fast_route(app, "POST", path, HttpObserver(oip_endpoint, inference_paths))
+    add_oip_routes(
+        app, oip_endpoint, server_version=frontend.server_version, engine=frontend.model.engine, ready=frontend.ready
+    )
+    app.add_middleware(HttpObserver, counted_paths=inference_paths)

@@ -1,0 +1,48 @@
+"""What LitServe starts in each inference worker process: set the process up, load the model, serve.
+
+LitServe pickles this object into every worker it spawns, so the main process builds it, and the
+HTTP processes are forked from the main process: it imports no tensor library. ``setup`` runs in
+the worker and imports the model there (``model`` names it: service/worker/classifier.py unless a
+benchmark swaps in its own); the loop (service/worker/loop.py) then serves it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import warnings
+
+import litserve as ls
+
+from service.heap import freeze_startup_objects
+from service.logs import configure_logging
+from service.metrics import metrics
+from service.settings import ServeSettings
+
+CLASSIFIER = "service.worker.classifier:Classifier"
+
+
+class WorkerEntry(ls.LitAPI):
+    """``model``: ``"module:Class"`` whose ``load(settings, device)`` returns the ``BatchedModel``."""
+
+    def __init__(self, settings: ServeSettings, model: str = CLASSIFIER) -> None:
+        with warnings.catch_warnings():
+            # LitServe warns about batch/unbatch overrides; its own loop never runs here.
+            warnings.simplefilter("ignore")
+            super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000.0)
+        self.settings = settings
+        self.model_path = model
+        self.model = None  # set by setup, in the worker
+
+    def setup(self, device: str) -> None:
+        # Ctrl-C in a terminal reaches the whole process group; the main process stops the server
+        # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
+        metrics()  # its series exist at 0 from the start, not from the first batch
+        module, _, name = self.model_path.partition(":")
+        self.model = getattr(importlib.import_module(module), name).load(self.settings, device)
+        freeze_startup_objects()
+
+    def predict(self, x: object) -> object:
+        raise NotImplementedError("vision-serve's loop calls the model's prepare and run (service/worker/loop.py)")
