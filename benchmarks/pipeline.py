@@ -33,7 +33,7 @@ import zmq
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
 from service.transport.channels import ChannelConfig, WorkerChannel
-from service.wire import Answer, ImageRequest, QueuedRequest
+from service.wire import Answer, ImageRequest, RequestBatch
 from service.worker.loop import BatchedModel, BatchPolicy, GreedyBatchedLoop
 
 BATCH = 8
@@ -72,7 +72,7 @@ def images_per_second(model: BatchedModel, requests: list[ImageRequest], depth: 
         sender.connect(config.request_address(0))
         worker = WorkerChannel(config, 0)
         for uid, request in enumerate(requests):
-            sender.send(pickle.dumps([QueuedRequest(0, uid, request)]))
+            sender.send(pickle.dumps(RequestBatch(0, [uid], [request])))
         time.sleep(0.2)  # let the local socket deliver them all before the clock starts
         loop = GreedyBatchedLoop(config, BatchPolicy(BATCH, 0.0, 600.0, depth))
         stop = threading.Event()
@@ -91,7 +91,7 @@ def images_per_second(model: BatchedModel, requests: list[ImageRequest], depth: 
         thread.start()
         received = 0
         while received < len(requests):
-            received += len(pickle.loads(answers.recv()))
+            received += len(pickle.loads(answers.recv()).uids)
         elapsed = time.perf_counter() - started
         stop.set()
         thread.join()

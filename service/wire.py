@@ -2,9 +2,11 @@
 (service/transport/channels.py), pickled, in both directions. Plain data, no framework types: both
 sides import it, and neither imports the other's modules.
 
-HTTP process -> worker: ``QueuedRequest`` (which HTTP process, its id there, the ``ImageRequest``).
-Worker -> HTTP process: ``Reply`` (that id, the ``Answer``). The HTTP process renders the answer in
-its protocol's form (service/rest/render.py, service/oip/).
+HTTP process -> worker: a ``RequestBatch`` (the images one HTTP process queued for one worker in one
+turn of its event loop); the worker takes them one by one as ``QueuedRequest``. Worker -> HTTP
+process: an ``AnswerBatch`` (a batch's answers for that process). One message, and one typed object,
+per batch rather than per image: pickling an object per image is what would cost. The HTTP process
+renders each ``Answer`` in its protocol's form (service/rest/render.py, service/oip/).
 """
 
 from __future__ import annotations
@@ -55,16 +57,24 @@ def answer_for(error: ServiceError) -> Answer:
     return Answer(status_code=error.status, detail=error.message, retry_after_s=error.retry_after_s)
 
 
-class QueuedRequest(NamedTuple):
-    """HTTP process -> worker: one admitted image."""
+class RequestBatch(NamedTuple):
+    """HTTP process -> worker: admitted images, ``uids[i]`` for ``requests[i]``."""
 
-    api_server: int  # the HTTP process that waits for the answer
-    uid: int  # unique within that HTTP process
+    api_server: int  # the HTTP process that waits for the answers
+    uids: list[int]  # each unique within that HTTP process
+    requests: list[ImageRequest]
+
+
+class QueuedRequest(NamedTuple):
+    """One image of a ``RequestBatch``, as the worker's loop takes it."""
+
+    api_server: int
+    uid: int
     request: ImageRequest
 
 
-class Reply(NamedTuple):
-    """Worker -> HTTP process: the answer to one ``QueuedRequest``."""
+class AnswerBatch(NamedTuple):
+    """Worker -> HTTP process: the answers to some of its requests, ``answers[i]`` for ``uids[i]``."""
 
-    uid: int
-    answer: Answer
+    uids: list[int]
+    answers: list[Answer]

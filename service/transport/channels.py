@@ -18,8 +18,8 @@ one message per HTTP process: each ZeroMQ send wakes an I/O thread on both sides
 per message rather than per request.
 
 Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests are answered 503.
-Messages are pickled lists of the types in service/wire.py: ``QueuedRequest`` one way, ``Reply``
-the other.
+Messages are the pickled types of service/wire.py: ``RequestBatch`` one way, ``AnswerBatch`` the
+other.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import zmq
 import zmq.asyncio
 
 from service._defaults import RETRY_AFTER_S
-from service.wire import Answer, ImageRequest, QueuedRequest, Reply, error_answer
+from service.wire import Answer, AnswerBatch, ImageRequest, QueuedRequest, RequestBatch, error_answer
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,11 @@ class WorkerChannel:
         if not self._received:
             if timeout_s is not None and not self._requests.poll(max(0, round(timeout_s * 1000))):
                 return None
-            self._received.extend(pickle.loads(self._requests.recv()))
+            batch: RequestBatch = pickle.loads(self._requests.recv())
+            api_server = batch.api_server
+            self._received.extend(
+                QueuedRequest(api_server, uid, request) for uid, request in zip(batch.uids, batch.requests, strict=True)
+            )
         return self._received.popleft()
 
     def answer(self, request: QueuedRequest, answer: Answer) -> None:
@@ -102,17 +106,21 @@ class WorkerChannel:
     def answer_many(self, answers: list[tuple[QueuedRequest, Answer]]) -> None:
         """Each request with its answer: one message per HTTP process, whatever their number (a
         batch's answers cost one send each way, not one per request)."""
-        by_api_server: dict[int, list[Reply]] = {}
+        by_api_server: dict[int, AnswerBatch] = {}
         for request, answer in answers:
-            by_api_server.setdefault(request.api_server, []).append(Reply(request.uid, answer))
-        for api_server, answered in by_api_server.items():
-            message = pickle.dumps(answered, PICKLE_PROTOCOL)
+            batch = by_api_server.get(request.api_server)
+            if batch is None:
+                batch = by_api_server[request.api_server] = AnswerBatch([], [])
+            batch.uids.append(request.uid)
+            batch.answers.append(answer)
+        for api_server, batch in by_api_server.items():
+            message = pickle.dumps(batch, PICKLE_PROTOCOL)
             try:
                 with self._answer_lock:
                     self._answers[api_server].send(message, zmq.NOBLOCK)
             except zmq.Again:
                 # That HTTP process stopped reading (it is gone): nobody is waiting for these answers.
-                logger.debug("Dropped %d answer(s): HTTP process %d does not read.", len(answered), api_server)
+                logger.debug("Dropped %d answer(s): HTTP process %d does not read.", len(batch.uids), api_server)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the sockets; answers still queued get ``linger_ms`` to leave."""
@@ -132,7 +140,7 @@ class ApiChannel:
         self._requests = [self._connect(worker_id) for worker_id in range(config.workers)]
         self._pending: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
         self._unanswered = [0] * config.workers
-        self._outbox: list[list[QueuedRequest]] = [[] for _ in range(config.workers)]
+        self._outbox = [self._empty_batch() for _ in range(config.workers)]
         self._flush_scheduled = False
 
     def _connect(self, worker_id: int) -> zmq.Socket:
@@ -155,7 +163,9 @@ class ApiChannel:
         future = loop.create_future()
         self._pending[uid] = (worker_id, future)
         self._unanswered[worker_id] += 1
-        self._outbox[worker_id].append(QueuedRequest(self.api_server, uid, request))
+        outbox = self._outbox[worker_id]
+        outbox.uids.append(uid)
+        outbox.requests.append(request)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self.flush)
@@ -165,9 +175,9 @@ class ApiChannel:
         """Send what was submitted since the last flush: one message per worker."""
         self._flush_scheduled = False
         for worker_id, outbox in enumerate(self._outbox):
-            if not outbox:
+            if not outbox.uids:
                 continue
-            self._outbox[worker_id] = []
+            self._outbox[worker_id] = self._empty_batch()
             try:
                 self._requests[worker_id].send(pickle.dumps(outbox, PICKLE_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
@@ -176,8 +186,8 @@ class ApiChannel:
                     f"The server is overloaded (inference worker {worker_id} is not reading its requests); retry.",
                     retry_after_s=RETRY_AFTER_S,
                 )
-                for queued in outbox:
-                    self._settle(queued.uid, overloaded)
+                for uid in outbox.uids:
+                    self._settle(uid, overloaded)
 
     def forget(self, uid: int) -> None:
         """The request got its HTTP answer (or gave up): a late worker answer is dropped."""
@@ -191,7 +201,7 @@ class ApiChannel:
         held = [uid for uid, (worker, _) in self._pending.items() if worker == worker_id]
         for uid in held:
             self._settle(uid, answer)
-        self._outbox[worker_id] = []
+        self._outbox[worker_id] = self._empty_batch()
         if held:
             # Requests still queued in the pipe would otherwise reach the restarted worker and run
             # for clients that already have their 503.
@@ -202,8 +212,12 @@ class ApiChannel:
     async def receive_answers(self) -> None:
         """Route each answer to its waiting request; runs for the life of the HTTP process."""
         while True:
-            for reply in pickle.loads(await self._answers.recv()):
-                self._settle(reply.uid, reply.answer)
+            batch: AnswerBatch = pickle.loads(await self._answers.recv())
+            for uid, answer in zip(batch.uids, batch.answers, strict=True):
+                self._settle(uid, answer)
+
+    def _empty_batch(self) -> RequestBatch:
+        return RequestBatch(self.api_server, [], [])
 
     def _settle(self, uid: int, answer: Answer) -> None:
         future = self._take(uid)

@@ -19,7 +19,7 @@ import zmq
 from service.heap import IDLE_BEFORE_TRIM_S, MAX_TRIM_GAP_S, HeapTrimmer
 from service.metrics import metrics
 from service.transport.channels import ChannelConfig, WorkerChannel
-from service.wire import Answer, ImageRequest, QueuedRequest, Reply
+from service.wire import Answer, ImageRequest, QueuedRequest, RequestBatch
 from service.worker import loop as batching
 from service.worker.loop import MODEL_FAILED, BatchPolicy, GreedyBatchedLoop
 
@@ -38,14 +38,16 @@ class Wire:
         for i in range(start, start + n):
             at = time.monotonic() if queued_at is None else queued_at
             request = ImageRequest(f"request-{i}".encode(), queued_at=at)
-            self.sender.send(pickle.dumps([QueuedRequest(0, f"uid-{i}", request)]))  # one per message
+            self.sender.send(pickle.dumps(RequestBatch(0, [f"uid-{i}"], [request])))  # one per message
         if wait:
             time.sleep(DELIVERY_S)
 
-    def answered(self, timeout_s: float = 5.0) -> list[Reply]:
+    def answered(self, timeout_s: float = 5.0) -> list[tuple[str, Answer]]:
+        """(uid, answer) pairs, as they came back."""
         received = []
         while self.answers.poll(round(timeout_s * 1000) if not received else 100):
-            received.extend(pickle.loads(self.answers.recv()))
+            batch = pickle.loads(self.answers.recv())
+            received.extend(zip(batch.uids, batch.answers, strict=True))
         return received
 
 
@@ -184,20 +186,21 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
     exits: list[int] = []
     loop = GreedyBatchedLoop(config, BatchPolicy(max_batch_size=2, pipeline_depth=depth), [0], exits.append)
     model = EchoModel(fail=True, device_broken=True)
-    requests = [QueuedRequest(0, f"uid-{i}", ImageRequest(b"x", queued_at=time.monotonic())) for i in range(4)]
-    sender.send(pickle.dumps(requests))
+    now = time.monotonic()
+    sender.send(pickle.dumps(RequestBatch(0, [f"uid-{i}" for i in range(4)], [ImageRequest(b"x", queued_at=now)] * 4)))
     worker = threading.Thread(target=loop.serve, args=(model, 0))
     worker.start()
     try:
         worker.join(20)
         assert not worker.is_alive(), "the worker must end, not go on with a broken device"
         assert answers.poll(5000)
-        answered = pickle.loads(answers.recv())
+        batch = pickle.loads(answers.recv())
+        answered = list(zip(batch.uids, batch.answers, strict=True))
     finally:
         context.destroy(linger=0)
     assert exits == [batching.EXIT_DEVICE_UNUSABLE]
     assert [(uid, a.status_code, a.retry_after_s) for uid, a in answered] == [("uid-0", 503, 1), ("uid-1", 503, 1)]
-    assert answered[0].answer.detail == batching.DEVICE_FAILED
+    assert answered[0][1].detail == batching.DEVICE_FAILED
     # The batch after it may have been prepared (depth 2) but never ran: its requests are answered
     # 503 by the HTTP process when it sees the worker restart (service/frontend/worker_watch.py).
     assert model.ran == 1

@@ -97,7 +97,7 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
         # and wait in the socket's pipe, where a restarted worker would find them.
         held = [api.submit(0, f"uid-{i}", ImageRequest(b"x")) for i in range(3)]
         await asyncio.sleep(0)
-        assert api._outbox == [[]], "sent: the purge must reach the pipe, not only the outbox"
+        assert not api._outbox[0].uids, "sent: the purge must reach the pipe, not only the outbox"
         assert api.fail_worker(0, error_answer(503, "worker died")) == 3
         assert [f.result().status_code for f in held] == [503, 503, 503]
         assert api.pick_worker([0]) == 0 and api.fail_worker(0, error_answer(503, "again")) == 0
@@ -150,7 +150,8 @@ def test_requests_submitted_in_one_turn_of_the_loop_travel_as_one_message(tmp_pa
             await asyncio.sleep(0)  # the end of the turn: the flush
             assert await asyncio.to_thread(worker._requests.poll, TIMEOUT_S * 1000)
             batch = pickle.loads(worker._requests.recv())
-            assert [(uid, request.image) for _, uid, request in batch] == [(i, bytes([i])) for i in range(5)]
+            assert batch.api_server == 0 and batch.uids == list(range(5))
+            assert [request.image for request in batch.requests] == [bytes([i]) for i in range(5)]
             assert worker._requests.poll(0) == 0, "one message, not five"
         finally:
             api.close()
