@@ -18,10 +18,14 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from compile.cli_flags import visible_device
 from service import _defaults
 from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
+
+if TYPE_CHECKING:
+    from compile.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +100,7 @@ def resolve_device(
     return "cuda", 1, {"CUDA_VISIBLE_DEVICES": visible_device(index, visible_devices)}
 
 
-def apply_artifact(settings: ServeSettings, cuda_count: int):  # -> tuple[ServeSettings, Manifest]
+def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSettings, Manifest]:
     """Settings adjusted to the artifact's manifest, which wins over flags; ``ValueError`` if they conflict."""
     import torch
 
@@ -145,7 +149,7 @@ def apply_artifact(settings: ServeSettings, cuda_count: int):  # -> tuple[ServeS
     return adjusted, manifest
 
 
-def artifact_facts(directory: str, manifest) -> dict:  # manifest: compile.manifest.Manifest
+def artifact_facts(directory: str, manifest: Manifest) -> dict:
     return {
         "directory": directory,
         "backend": manifest.backend,
