@@ -247,7 +247,7 @@ def start_planning(settings: ServeSettings) -> Planning:
     return Planning(settings)
 
 
-def main() -> int:
+def main() -> None:
     """The planner: settings JSON on stdin -> ``{"plan": ...}`` or ``{"error": message}`` on stdout."""
     from service.logs import configure_logging
 
@@ -258,8 +258,12 @@ def main() -> int:
     except ValueError as exc:
         answer = {"error": str(exc)}
     sys.stdout.write(json.dumps(answer))
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter shutdown: libraries torch loads (OpenAI Triton's nanobind) can report "leaked"
+    # objects at exit, which would reach the server's log as if they were ours.
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

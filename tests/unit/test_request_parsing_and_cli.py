@@ -375,3 +375,25 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
     assert [d.index for d in bound] == [0, 1, 0, 1]
     bind_worker_device(torch.device("cpu"))  # a CPU worker binds nothing
     assert len(bound) == 4
+
+
+def test_the_plan_crosses_the_pipe_without_the_api_key_and_comes_back_whole() -> None:
+    """The main process gets its ServePlan from a child process that has torch (it must not), as
+    JSON; the API key never travels, and is put back on this side."""
+    from service.supervisor.plan import ServePlan, plan_serving
+
+    plan = plan_serving(ServeSettings(model="efficientnet-lite0", api_key="s3cret-key-of-some-length"), cuda_count=0)
+    text = plan.to_json()
+    assert "s3cret" not in text
+    back = ServePlan.from_json(text, api_key="s3cret-key-of-some-length")
+    assert back.to_json() == text and back.settings == plan.settings
+    assert (back.accelerator, back.devices, back.workers, back.model.engine) == ("cpu", "auto", 1, "torch-eager-fp32")
+
+
+def test_the_planner_process_answers_a_plan_or_the_error_that_says_what_to_fix() -> None:
+    from service.supervisor.plan import start_planning
+
+    plan = start_planning(ServeSettings(model="efficientnet-lite0", api_key="k3y-of-some-length")).result()
+    assert plan.settings.api_key == "k3y-of-some-length" and plan.model.model == "efficientnet-lite0"
+    with pytest.raises(ValueError, match="resnet15"):
+        start_planning(ServeSettings(model="resnet15")).result()  # a typo: the catalog names the fix
