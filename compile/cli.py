@@ -95,7 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from compile.backends import BackendUnavailable
     from compile.build import GateFailed, compile_artifact
     from compile.progress import Progress
+    from compile.torch_logging import adopt_torch_logger
     from compile.weights import WeightsError
+
+    adopt_torch_logger()
 
     try:
         result = compile_artifact(settings, Progress())

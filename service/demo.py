@@ -69,7 +69,12 @@ def compile_for_demo(model: str) -> Path | None:
     from compile.build import GateFailed, compile_artifact
     from compile.progress import Progress
     from compile.settings import CompileSettings
+    from compile.torch_logging import adopt_torch_logger
 
+    adopt_torch_logger()
+    # torch's CUDA builds warn "No CUDA runtime is found" on every machine without a GPU: true, and
+    # no news to someone running the demo there.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     print(f"Compiling {model} with compile-trt (seconds to a minute or two; cached afterwards) ...", flush=True)
     try:
         result = compile_artifact(CompileSettings(model=model), Progress())

@@ -1,8 +1,9 @@
 """Logging for every server process: plain text for a terminal, one JSON object per line for a log
 pipeline (``--log-format json``), with the request id of the request being handled.
 
-LitServe gives its own logger a stdout handler and stops it propagating, and uvicorn installs its
-own handlers; ``configure_logging`` routes both through the root handler so every line has one format.
+LitServe gives its own logger a stdout handler and stops it propagating, uvicorn installs its own
+handlers, and so does torch in the workers; ``configure_logging`` and ``adopt_torch_logger`` route
+them through the root handler so every line has one format.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import logging
 import sys
 import time
 from typing import TextIO
+
+from compile.torch_logging import adopt_torch_logger
+
+__all__ = ["LOG_FORMATS", "adopt_library_loggers", "adopt_torch_logger", "configure_logging"]
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"

@@ -137,8 +137,8 @@ def resolve_pipeline_depth(requested: int, accelerator: str) -> int:
     """``--pipeline-depth``: the number asked for, or for 0 one that fits the device.
 
     On a GPU, decoding and resizing the next batch (its own CUDA stream, and CPU work for the
-    decoders) overlaps the engine's run of this one. On a CPU both stages want the same cores, and
-    the overlap did not pay on 2 cores (benchmarks/pipeline.py): there, one batch at a time.
+    decoders) overlaps the engine's run of this one. On a CPU both stages want the same cores, so
+    the overlap does not pay (docs/benchmarks.md, benchmarks/pipeline.py): one batch at a time.
     """
     if requested > 0:
         return requested

@@ -21,17 +21,26 @@ from service.frontend.worker_watch import WorkerWatch
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.transport.channels import ApiChannel
-from service.wire import Answer, ImageRequest, error_answer
+from service.wire import Answer, ImageRequest, answer_for, error_answer
 
 
-def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
-    """The image's own 4xx ``Answer`` if what no decoder should see (not an image, a corrupt header,
-    too many pixels), else ``None``. Only the header is parsed, so a decompression bomb costs
-    microseconds and never reaches a decoder or a queue slot; the worker probes again."""
+def check_header(image: bytes, max_image_pixels: int) -> None:
+    """``ServiceError`` (4xx) for what no decoder should see: not an image, a corrupt header, too many
+    pixels. Only the header is parsed, so a decompression bomb costs microseconds and never reaches a
+    decoder or a queue slot; the worker probes again. The one place the HTTP processes turn the
+    preprocessing library's ``ImageDecodeError`` into the service's error."""
     try:
         check_image_header(image, max_image_pixels)
     except ImageDecodeError as exc:
-        return error_answer(exc.error.status_code, exc.error.detail)
+        raise ServiceError(exc.error.status_code, exc.error.detail) from None
+
+
+def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
+    """``check_header`` for one image among several: its own 4xx ``Answer``, or ``None`` if it may run."""
+    try:
+        check_header(image, max_image_pixels)
+    except ServiceError as exc:
+        return answer_for(exc)
     return None
 
 

@@ -19,8 +19,8 @@ from service.frontend.dispatch import ImageDispatcher
 from service.frontend.http_common import RequestLimits
 from service.frontend.worker_watch import WorkerWatch
 from service.metrics import LiveState, LiveStateCollector
+from service.model_info import ModelInfo
 from service.settings import ServeSettings
-from service.supervisor.plan import ModelInfo
 from service.transport.channels import ApiChannel, ChannelConfig
 
 logger = logging.getLogger(__name__)

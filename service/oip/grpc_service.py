@@ -42,8 +42,8 @@ from service.oip.tensors import (
     deserialize_bytes,
     images_from_elements,
     model_metadata,
+    oip_top_k,
     parse_output,
-    parse_top_k,
 )
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) 
     top_k = request.parameters.get(TOP_K_PARAMETER)
     return InferCall(
         images,
-        parse_top_k(None if top_k is None else parameter_value(top_k)),
+        oip_top_k(None if top_k is None else parameter_value(top_k)),
         outputs or all_outputs(binary=True),
         request.id or None,
     )

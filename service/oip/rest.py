@@ -37,8 +37,8 @@ from service.oip.tensors import (
     images_from_elements,
     json_elements,
     model_metadata,
+    oip_top_k,
     parse_output,
-    parse_top_k,
 )
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -114,7 +114,7 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
                 )
             )
     request_id = request.get("id")
-    top_k = parse_top_k(parameters.get(TOP_K_PARAMETER))
+    top_k = oip_top_k(parameters.get(TOP_K_PARAMETER))
     return InferCall(images, top_k, requested, request_id if isinstance(request_id, str) else None)
 
 

@@ -121,7 +121,7 @@ def deserialize_bytes(raw: bytes) -> list[bytes]:
     return elements
 
 
-def parse_top_k(value: object) -> int:
+def oip_top_k(value: object) -> int:
     """The ``top_k`` request parameter (default 5): a JSON integer, else ``ServiceError`` 400."""
     if value is None:
         return _defaults.TOP_K

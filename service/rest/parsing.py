@@ -32,7 +32,7 @@ from service.wire import Answer, answer_for, error_answer
 MAX_FORM_FIELDS = 16
 
 
-def parse_top_k(raw: object) -> int:
+def predict_top_k(raw: object) -> int:
     value = top_k_value(raw, text_allowed=True)
     if value is None:
         raise ServiceError(422, f"top_k must be an integer from 1 to {_defaults.MAX_TOP_K}, got {reprlib.repr(raw)}.")
@@ -178,4 +178,4 @@ def _no_image(index: int) -> Answer:
 
 
 def _top_k(top_k_raw: object) -> int:
-    return _defaults.TOP_K if top_k_raw is None else parse_top_k(top_k_raw)
+    return _defaults.TOP_K if top_k_raw is None else predict_top_k(top_k_raw)

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.frontend.dispatch import ImageDispatcher, header_error
+from service.frontend.dispatch import ImageDispatcher, check_header, header_error
 from service.frontend.http_common import RequestLimits
 from service.metrics import metrics
 from service.rest.parsing import read_predict_request
@@ -93,9 +93,7 @@ class PredictEndpoint:
         parsed = await read_predict_request(request, self.limits)
         if not parsed.many:
             image = parsed.images[0]
-            refused = header_error(image, self.limits.max_image_pixels)
-            if refused is not None:
-                raise ServiceError(refused.status_code, refused.detail)
+            check_header(image, self.limits.max_image_pixels)
             (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k)
             response = render(answer, total_ms)
             # The worker's stages and the rendering, recorded here to keep that work off its loop.

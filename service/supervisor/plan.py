@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from compile.cli_flags import visible_device
 from service import _defaults
+from service.model_info import ModelInfo
 from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
 
 if TYPE_CHECKING:
@@ -30,30 +31,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PLANNER = (sys.executable, "-m", "service.supervisor.plan")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What ``/info``, the Open Inference Protocol's metadata and the build_info metric say of the
-    served model. Fields in ``/info``'s order."""
-
-    model: str
-    weights: str
-    engine: str
-    preprocess: str
-    preprocess_reason: str
-    preprocess_spec: dict
-    labels_source: str
-    device: str  # what --device resolved to: cpu, cuda (every GPU) or cuda:N
-    max_batch_size: int
-    batch_timeout_ms: float
-    artifact: dict | None = None  # the manifest's facts, when serving an artifact
-
-    def to_dict(self) -> dict:
-        described = asdict(self)
-        if self.artifact is None:
-            del described["artifact"]
-        return described
 
 
 @dataclass(frozen=True)
@@ -249,10 +226,13 @@ def start_planning(settings: ServeSettings) -> Planning:
 
 def main() -> None:
     """The planner: settings JSON on stdin -> ``{"plan": ...}`` or ``{"error": message}`` on stdout."""
-    from service.logs import configure_logging
+    import torch  # noqa: F401  (planning needs it; imported first so its logger can be adopted)
+
+    from service.logs import adopt_torch_logger, configure_logging
 
     settings = ServeSettings(**json.loads(sys.stdin.read()))
     configure_logging(settings.log_level, settings.log_format)
+    adopt_torch_logger()
     try:
         answer = {"plan": json.loads(plan_serving(settings).to_json())}
     except ValueError as exc:

@@ -2,7 +2,7 @@
 no orphans.
 
 LitServe 0.2.19 leaves its uvicorn, inference-worker and manager processes running when the main
-process gets SIGTERM (measured). ``serve`` turns SIGTERM and SIGINT into LitServe's own graceful
+process gets SIGTERM. ``serve`` turns SIGTERM and SIGINT into LitServe's own graceful
 shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left afterwards. Nothing
 here imports torch: the HTTP processes fork from this one (service/supervisor/plan.py).
 """
@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from multiprocessing import resource_tracker
 
@@ -44,7 +44,7 @@ SERVER_VERSION = package_version(PROJECT_DISTRIBUTION) or "unknown"
 
 
 def device_names(devices: list) -> list[str]:
-    """LitServe's per-worker device groups (``[["cuda:0"]]``, measured on an H100) as a flat list
+    """LitServe's per-worker device groups (``[["cuda:0"]]`` for one GPU) as a flat list
     of device names, each once, in order."""
     flat = [d for group in devices for d in (group if isinstance(group, list | tuple) else [group])]
     return list(dict.fromkeys(str(d) for d in flat))
@@ -95,9 +95,7 @@ class VisionLitServer(LitServerBridge):
         )
 
     def request_stop(self) -> None:
-        super().request_stop(
-            lambda target: threading.Thread(target=target, name="vision-serve-stop", daemon=True).start()
-        )
+        super().request_stop(start_stop_thread)
 
     def before_http_processes(self) -> None:
         # LitServer.run has just given the litserve logger a handler of its own, in its own format:
@@ -133,29 +131,37 @@ class VisionLitServer(LitServerBridge):
             yield
 
     def start_worker_monitor(self) -> None:
-        def stop_with_error(message: str) -> None:
-            logger.error("%s", message)
-            self.exit_code = 1
-            self.request_stop()
-
-        def relaunch(index: int) -> object:
-            mark_process_dead(self.worker_processes[index].pid)  # its GPU-memory gauge no longer counts
-            metrics().worker_restarts.inc()
-            return self.relaunch_worker(index)
-
         thread = threading.Thread(
             target=restart_dead_workers,
             kwargs={
                 "workers": self.worker_processes,
                 "state_of": self.worker_state,
-                "relaunch": relaunch,
-                "stopping": lambda: self.stop_requested,
-                "on_unrecoverable": stop_with_error,
+                "relaunch": self._relaunch_dead_worker,
+                "stopping": self._stopping,
+                "on_unrecoverable": self._stop_with_error,
             },
             name="vision-serve-worker-monitor",
             daemon=True,
         )
         thread.start()
+
+    def _relaunch_dead_worker(self, index: int) -> object:
+        mark_process_dead(self.worker_processes[index].pid)  # its GPU-memory gauge no longer counts
+        metrics().worker_restarts.inc()
+        return self.relaunch_worker(index)
+
+    def _stopping(self) -> bool:
+        return self.stop_requested
+
+    def _stop_with_error(self, message: str) -> None:
+        logger.error("%s", message)
+        self.exit_code = 1
+        self.request_stop()
+
+
+def start_stop_thread(target: Callable[[], None]) -> None:
+    """Run ``target`` (the stop event's ``set``) in a thread of its own (see ``request_stop``)."""
+    threading.Thread(target=target, name="vision-serve-stop", daemon=True).start()
 
 
 def build_server(plan: ServePlan, model: str = CLASSIFIER) -> VisionLitServer:

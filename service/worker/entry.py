@@ -15,7 +15,7 @@ import warnings
 import litserve as ls
 
 from service.heap import freeze_startup_objects
-from service.logs import configure_logging
+from service.logs import adopt_torch_logger, configure_logging
 from service.metrics import metrics
 from service.settings import ServeSettings
 
@@ -41,7 +41,9 @@ class WorkerEntry(ls.LitAPI):
         configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
         metrics()  # its series exist at 0 from the start, not from the first batch
         module, _, name = self.model_path.partition(":")
-        self.model = getattr(importlib.import_module(module), name).load(self.settings, device)
+        model_class = getattr(importlib.import_module(module), name)
+        adopt_torch_logger()  # the model's module imported torch, whose logger has a format of its own
+        self.model = model_class.load(self.settings, device)
         freeze_startup_objects()
 
     def predict(self, x: object) -> object:

@@ -28,9 +28,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from preprocessing.errors import DeviceUnusable
 from service import _defaults
@@ -60,14 +60,19 @@ EXIT_DEVICE_UNUSABLE = 70
 EXIT_ANSWER_LINGER_MS = 2000
 
 
-class BatchedModel(Protocol):
-    """What the loop needs of the model it serves (service/worker/classifier.py: ``Classifier``)."""
+# What ``prepare`` hands to ``run``: the loop carries it between them and never looks inside.
+Prepared = TypeVar("Prepared")
 
-    def prepare(self, requests: list[ImageRequest]) -> Any:
+
+class BatchedModel(Protocol[Prepared]):
+    """What the loop needs of the model it serves (service/worker/classifier.py: ``Classifier``,
+    whose prepared batch is a ``ClassifyBatch``)."""
+
+    def prepare(self, requests: list[ImageRequest]) -> Prepared:
         """Decode, resize and upload the batch's images (the loop may call it from another thread)."""
         ...
 
-    def run(self, prepared: Any) -> list[Answer]:
+    def run(self, prepared: Prepared) -> list[Answer]:
         """The engine on a prepared batch: one ``Answer`` per request, in order."""
         ...
 
@@ -105,7 +110,7 @@ class GreedyBatchedLoop(WorkerLoop):
         self,
         channels: ChannelConfig,
         policy: BatchPolicy,
-        running: Any = None,
+        running: MutableSequence[int] | None = None,
         exit_process: Callable[[int], object] = os._exit,
     ) -> None:
         """``exit_process``: how the worker process ends when its device broke."""
@@ -218,7 +223,7 @@ class GreedyBatchedLoop(WorkerLoop):
         self.finish(model, channel, worker_id, batch, self.prepare(model, batch))
 
     @staticmethod
-    def prepare(model: BatchedModel, batch: list[QueuedRequest]) -> Any:
+    def prepare(model: BatchedModel[Prepared], batch: list[QueuedRequest]) -> Prepared | PrepareFailed:
         """``model.prepare`` of the requests, or the exception it raised (``finish`` answers it)."""
         try:
             return model.prepare([queued.request for queued in batch])
@@ -226,7 +231,12 @@ class GreedyBatchedLoop(WorkerLoop):
             return PrepareFailed(exc)
 
     def finish(
-        self, model: BatchedModel, channel: WorkerChannel, worker_id: int, batch: list[QueuedRequest], ready: Any
+        self,
+        model: BatchedModel[Prepared],
+        channel: WorkerChannel,
+        worker_id: int,
+        batch: list[QueuedRequest],
+        ready: Prepared | PrepareFailed,
     ) -> None:
         """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
         failure broke the device."""

@@ -5,6 +5,7 @@ are tested in tests/unit/test_compile_units.py without it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from service.launcher import ServerProcess
 from service.worker.engine import load_artifact
 from tests.conftest import CAT_LABELS
 
+# How each line of the server's text log starts: its timestamp (service/logs.py).
+LOG_RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 LITE = ["--model", "efficientnet-lite0", "--device", "cpu"]
 
 
@@ -101,6 +104,11 @@ def test_served_artifact_classifies_chelsea_as_a_cat(which, request, chelsea_jpe
     assert info["engine"] == manifest.engine_name
     assert info["artifact"]["backend"] == "inductor" and info["artifact"]["precision"] == manifest.precision
     assert PreprocessSpec.from_dict(info["preprocess_spec"]) == manifest.preprocess
+    # Serving an AOTInductor artifact loads torch's inductor (and OpenAI Triton) in the workers: its
+    # exit, like everything else the server printed, must be log records, not library noise.
+    log = (tmp_path / "server.log").read_text(errors="replace").splitlines()
+    noise = [line for line in log if line.strip() and not LOG_RECORD.match(line)]
+    assert not noise, noise[:10]
 
 
 def test_loaded_engine_pads_and_splits_batches_outside_its_range(fp32_artifact, chelsea_jpeg) -> None:

@@ -30,11 +30,11 @@ def test_a_request_reaches_the_chosen_worker_and_its_answer_comes_back(tmp_path:
         workers = [WorkerChannel(config, worker_id) for worker_id in range(2)]
         receiving = asyncio.create_task(api.receive_answers())
         try:
-            future = api.submit(1, "uid-1", ImageRequest(b"cat", top_k=3))
+            future = api.submit(1, 11, ImageRequest(b"cat", top_k=3))
             message = await asyncio.to_thread(workers[1].receive, TIMEOUT_S)
             assert workers[0].receive(0) is None, "only the chosen worker gets it"
-            api_server, uid, request = message
-            assert (api_server, uid, request.image, request.top_k) == (1, "uid-1", b"cat", 3)
+            request = message.request
+            assert (message.api_server, message.uid, request.image, request.top_k) == (1, 11, b"cat", 3)
             workers[1].answer(message, answer_for(request))
             answer = await asyncio.wait_for(future, TIMEOUT_S)
             assert answer.predictions == ((0, "cat", 1.0),)
@@ -52,12 +52,12 @@ def test_the_least_busy_ready_worker_is_picked(tmp_path: Path) -> None:
         api = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=3), 0)
         assert api.pick_worker([]) is None
         assert api.pick_worker([0, 1, 2]) == 0
-        api.submit(0, "a", ImageRequest(b"x"))
+        api.submit(0, 1, ImageRequest(b"x"))
         assert api.pick_worker([0, 1, 2]) == 1
-        api.submit(1, "b", ImageRequest(b"x"))
+        api.submit(1, 2, ImageRequest(b"x"))
         assert api.pick_worker([0, 1]) == 0, "a tie goes to the first listed"
         assert api.pick_worker([0, 1, 2]) == 2
-        api.forget("a")
+        api.forget(1)
         assert api.pick_worker([0, 1]) == 0
         api.close()
 
@@ -72,9 +72,9 @@ def test_a_late_answer_for_a_forgotten_request_is_dropped(tmp_path: Path) -> Non
         worker = WorkerChannel(config, 0)
         receiving = asyncio.create_task(api.receive_answers())
         try:
-            gone = api.submit(0, "gone", ImageRequest(b"a"))
-            waiting = api.submit(0, "waiting", ImageRequest(b"b"))
-            api.forget("gone")  # its client got a 504
+            gone = api.submit(0, 1, ImageRequest(b"a"))
+            waiting = api.submit(0, 2, ImageRequest(b"b"))
+            api.forget(1)  # its client got a 504
             for _ in range(2):
                 message = await asyncio.to_thread(worker.receive, TIMEOUT_S)
                 worker.answer(message, answer_for(message.request))
@@ -95,7 +95,7 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
         api = ApiChannel(config, 0)
         # No worker is bound (it died): the requests leave the outbox at the end of the loop's turn
         # and wait in the socket's pipe, where a restarted worker would find them.
-        held = [api.submit(0, f"uid-{i}", ImageRequest(b"x")) for i in range(3)]
+        held = [api.submit(0, i, ImageRequest(b"x")) for i in range(3)]
         await asyncio.sleep(0)
         assert not api._outbox[0].uids, "sent: the purge must reach the pipe, not only the outbox"
         assert api.fail_worker(0, error_answer(503, "worker died")) == 3
@@ -104,8 +104,8 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
         restarted = WorkerChannel(config, 0)
         try:
             assert restarted.receive(0.5) is None, "the restarted worker must not run answered requests"
-            api.submit(0, "new", ImageRequest(b"y"))
-            assert (await asyncio.to_thread(restarted.receive, TIMEOUT_S))[1] == "new"
+            api.submit(0, 100, ImageRequest(b"y"))
+            assert (await asyncio.to_thread(restarted.receive, TIMEOUT_S)).uid == 100
         finally:
             restarted.close()
             api.close()
@@ -126,7 +126,7 @@ def test_requests_to_a_worker_that_stopped_reading_are_answered_503(
         try:
             futures = []
             for turn in range(50):  # one message per turn of the loop; nobody reads them
-                futures += [api.submit(0, f"uid-{turn}-{i}", ImageRequest(b"x")) for i in range(3)]
+                futures += [api.submit(0, turn * 3 + i, ImageRequest(b"x")) for i in range(3)]
                 await asyncio.sleep(0)
             refused = [f.result() for f in futures if f.done()]
             assert refused, "a full pipe must answer, not hang"
@@ -167,6 +167,6 @@ def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Pa
     worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)
     started = time.monotonic()
     for i in range(100):  # nobody binds answers-0
-        worker.answer(QueuedRequest(0, f"uid-{i}", ImageRequest(b"")), error_answer(504, "late"))
+        worker.answer(QueuedRequest(0, i, ImageRequest(b"")), error_answer(504, "late"))
     assert time.monotonic() - started < 2.0
     worker.close()

@@ -36,7 +36,7 @@ from preprocessing.probe import probe_image
 from preprocessing.registry import backend_problem
 from service import _defaults as service_defaults
 from service.errors import ServiceError
-from service.rest.parsing import decode_base64_image, parse_top_k
+from service.rest.parsing import decode_base64_image, predict_top_k
 from tests.conftest import encode, sample_array
 
 SPEC = get_model_entry("efficientnet-lite0").preprocess
@@ -270,9 +270,9 @@ def test_decode_base64_image_round_trips(raw: bytes, width: int, data_url: bool)
 
 @fuzz_settings(400)
 @given(raw=json_values | number_like_text)
-def test_parse_top_k_answers_an_int_in_range_or_422(raw: object) -> None:
+def test_predict_top_k_answers_an_int_in_range_or_422(raw: object) -> None:
     try:
-        value = parse_top_k(raw)
+        value = predict_top_k(raw)
     except ServiceError as exc:
         check_http_error(exc, range(422, 423))
     else:
@@ -282,14 +282,14 @@ def test_parse_top_k_answers_an_int_in_range_or_422(raw: object) -> None:
             assert math.isfinite(raw) and raw == value
 
 
-def test_parse_top_k_examples() -> None:
+def test_predict_top_k_examples() -> None:
     """The fuzz only checks the shape of the answer; these pin the meaning."""
     top = service_defaults.MAX_TOP_K
     for raw, expected in ((1, 1), ("5", 5), (" 7 ", 7), (3.0, 3), (str(top), top)):
-        assert parse_top_k(raw) == expected
+        assert predict_top_k(raw) == expected
     for bad in (0, -1, service_defaults.MAX_TOP_K + 1, 2.5, True, None, "five", float("nan"), float("inf"), [3]):
         with pytest.raises(ServiceError) as caught:
-            parse_top_k(bad)
+            predict_top_k(bad)
         assert caught.value.status == 422
 
 

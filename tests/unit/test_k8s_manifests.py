@@ -313,8 +313,8 @@ def server_routes() -> set[str]:
 
     from service.frontend.process import HttpFrontEnd
     from service.frontend.routes import register_routes
+    from service.model_info import ModelInfo
     from service.settings import ServeSettings
-    from service.supervisor.plan import ModelInfo
     from service.transport.channels import ChannelConfig
 
     model = ModelInfo("m", "w", "e", "pil", "", {}, "", "cpu", 8, 0.0)

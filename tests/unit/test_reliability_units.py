@@ -107,8 +107,8 @@ def test_watch_fails_only_the_dead_workers_requests(tmp_path: Path) -> None:
         watch = WorkerWatch(lambda: dict(states), channel)
         watch.refresh()
         assert watch.ready and watch.ready_workers == [0, 1]
-        held_by_0 = channel.submit(0, "a", ImageRequest(b"jpeg"))
-        held_by_1 = channel.submit(1, "b", ImageRequest(b"jpeg"))
+        held_by_0 = channel.submit(0, 1, ImageRequest(b"jpeg"))
+        held_by_1 = channel.submit(1, 2, ImageRequest(b"jpeg"))
         states[0] = STARTING  # the monitor restarts worker 0 after it died
         watch.refresh()
         assert not watch.ready and watch.ready_workers == [1]

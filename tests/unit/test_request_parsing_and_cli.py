@@ -14,7 +14,7 @@ from service import _defaults
 from service.cli import build_parser, main, settings_from_args
 from service.errors import ServiceError
 from service.frontend.http_common import RequestLimits
-from service.rest.parsing import decode_base64_image, parse_top_k, read_predict_request
+from service.rest.parsing import decode_base64_image, predict_top_k, read_predict_request
 from service.rest.render import handle_service_error
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
 from service.supervisor.plan import resolve_device
@@ -149,13 +149,13 @@ def test_base64_with_line_breaks_is_accepted(echo_client) -> None:
 
 
 def test_top_k_parsing_edges() -> None:
-    assert parse_top_k("1") == 1 and parse_top_k(1000) == 1000 and parse_top_k(5.0) == 5
+    assert predict_top_k("1") == 1 and predict_top_k(1000) == 1000 and predict_top_k(5.0) == 5
     for not_a_top_k in ("1_0", "\u0665", "5.0", "", "9" * 5000, "0\x1f", None, [5], float("inf"), float("nan")):
         with pytest.raises(ServiceError) as caught:
-            parse_top_k(not_a_top_k)
+            predict_top_k(not_a_top_k)
         assert caught.value.status == 422 and len(caught.value.message) < 200
     with pytest.raises(ServiceError):
-        parse_top_k(2.5)
+        predict_top_k(2.5)
     with pytest.raises(ServiceError):
         decode_base64_image("data:image/png;base64")
 

@@ -1,0 +1,31 @@
+"""What is served, as every process reports it: ``ModelInfo``. The main process resolves it
+(service/supervisor/plan.py); the HTTP processes show it (``/info``, the Open Inference Protocol's
+metadata, the build_info metric)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``/info``, the Open Inference Protocol's metadata and the build_info metric say of the
+    served model. Fields in ``/info``'s order."""
+
+    model: str
+    weights: str
+    engine: str
+    preprocess: str
+    preprocess_reason: str
+    preprocess_spec: dict
+    labels_source: str
+    device: str  # what --device resolved to: cpu, cuda (every GPU) or cuda:N
+    max_batch_size: int
+    batch_timeout_ms: float
+    artifact: dict | None = None  # the manifest's facts, when serving an artifact
+
+    def to_dict(self) -> dict:
+        described = asdict(self)
+        if self.artifact is None:
+            del described["artifact"]
+        return described
