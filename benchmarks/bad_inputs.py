@@ -120,6 +120,31 @@ def big_valid_jpeg() -> bytes:
     return _encode(Image.new("L", (side, side), 128), "JPEG", quality=75, optimize=True)
 
 
+def _progressive_jpeg_with_scans(scans: int) -> bytes:
+    """A small progressive photo whose last scan is repeated until it has ``scans`` scans: each one
+    makes the decoder sweep the whole image again."""
+    photo = _encode(Image.open(io.BytesIO(sample_photo_file("coffee"))).convert("RGB"), "JPEG", progressive=True)
+    last = photo.rindex(b"\xff\xda")
+    repeats = scans - photo.count(b"\xff\xda")
+    return photo[:-2] + photo[last:-2] * repeats + b"\xff\xd9"
+
+
+def _png_with_empty_chunks(png: bytes, count: int) -> bytes:
+    """Empty private chunks before the image data: Pillow's opener walks each one in Python."""
+    at = png.index(b"IDAT") - 4
+    return png[:at] + _png_chunk(b"prVt", b"") * count + png[at:]
+
+
+def _tiff_with_one_row_per_strip(height: int) -> bytes:
+    return _encode(Image.new("RGB", (1, height), (90, 60, 30)), "TIFF", tiffinfo={278: 1})
+
+
+def _gif_with_comment_blocks(count: int) -> bytes:
+    gif = _encode(Image.new("P", (16, 16), 1), "GIF")
+    at = gif.index(b"\x2c")  # the image descriptor
+    return gif[:at] + b"\x21\xfe\x01x\x00" * count + gif[at:]
+
+
 @functools.cache
 def bad_inputs() -> list[BadInput]:
     """The corpus, built once per process. Treat the list as read-only: it is shared."""
@@ -130,6 +155,42 @@ def bad_inputs() -> list[BadInput]:
     header = 30  # RIFF (12) + VP8 chunk header (8) + frame tag and start code (10): the rest is coded data
     items = [
         BadInput("empty", b"", "image/jpeg", frozenset({400}), "no bytes at all"),
+        BadInput(
+            "jpeg_frame_claims_9000x9000",
+            _jpeg_with_frame_size(photo, 9000, 9000),
+            "image/jpeg",
+            frozenset({400}),
+            "the photo with only its frame size changed: under the pixel limit, but its scan data cannot "
+            "hold 81 MP (libjpeg would fill the rest with gray and Pillow report nothing)",
+        ),
+        BadInput(
+            "jpeg_progressive_1500_scans",
+            _progressive_jpeg_with_scans(1500),
+            "image/jpeg",
+            frozenset({400}),
+            "a progressive photo with 1,500 scans: each one a sweep of the whole image",
+        ),
+        BadInput(
+            "png_20000_empty_chunks",
+            _png_with_empty_chunks(png, 20_000),
+            "image/png",
+            frozenset({400}),
+            "240 KB of empty chunks before the image data, each walked in Python by Pillow's opener",
+        ),
+        BadInput(
+            "tiff_10000_strips",
+            _tiff_with_one_row_per_strip(10_000),
+            "image/tiff",
+            frozenset({400}),
+            "a 1x10000 TIFF with one row per strip: one Python object per strip when Pillow opens it",
+        ),
+        BadInput(
+            "gif_200000_comment_blocks",
+            _gif_with_comment_blocks(200_000),
+            "image/gif",
+            frozenset({400}),
+            "1 MB of one-byte comment extensions before the image, each walked by Pillow's opener",
+        ),
         BadInput(
             "jpeg_truncated",
             photo[: len(photo) // 2],

@@ -4,6 +4,19 @@
 # a decompression bomb must never reach a decoder.
 MAX_IMAGE_PIXELS = 100_000_000
 
+# Decode cost, bounded before decoding (preprocessing/decode_cost.py): the pixel limit bounds memory,
+# these bound the work a small file can ask for. Ordinary encoders stay far below each.
+MAX_JPEG_SCANS = 100  # progressive JPEG scans; libjpeg writes 10, mozjpeg a few dozen at most
+# PNG chunks before the first frame ends: this many, plus one per this many bytes of the file.
+MIN_CHUNK_LIMIT = 1024
+BYTES_PER_EXTRA_CHUNK = 2048
+# TIFF strips or tiles: this many, or one per this many bytes of the file if that is more.
+MAX_TIFF_PIECES = 4096
+MIN_BYTES_PER_TIFF_PIECE = 512
+# GIF extension sub-blocks before the first image: this many, plus one per this many bytes.
+MAX_GIF_BLOCKS = 4096
+BYTES_PER_EXTRA_GIF_BLOCK = 1024
+
 # JPEG draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, which is far cheaper for big
 # photos. We only ask for a draft that keeps at least this many times the resize target on the
 # shorter side, so the final antialiased resize still does a real (>= 2x) reduction; measured

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from preprocessing import _defaults
+from preprocessing.decode_cost import check_decode_cost
 from preprocessing.errors import ImageDecodeError
 
 SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
@@ -61,6 +62,7 @@ def open_image(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS) 
     """Parse the header with Pillow (pixels stay undecoded); raises ``ImageDecodeError`` with a 4xx."""
     if not data:
         raise ImageDecodeError(400, "The image is empty (0 bytes). Send the image file's bytes.")
+    check_decode_cost(data, max_image_pixels)
     if Image.MAX_IMAGE_PIXELS is not None and max_image_pixels > Image.MAX_IMAGE_PIXELS:
         # Pillow refuses outright above twice its own process-wide limit (~179 MP by default); ours
         # is the one that counts, so Pillow's must not be the lower of the two.
@@ -152,7 +154,9 @@ def check_image_header(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_
     HTTP process (plain JPEGs without Pillow, everything else as ``probe_image``)."""
     size = plain_jpeg_size(data)
     if size is None or size[0] * size[1] > max_image_pixels:
-        open_image(data, max_image_pixels)
+        open_image(data, max_image_pixels)  # checks the decode cost too
+    else:
+        check_decode_cost(data, max_image_pixels)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,18 @@ MAX_QUEUE = 256
 # 504, and work still queued for it is dropped instead of run. Always on: it is also what answers a
 # request lost with a crashed worker.
 REQUEST_TIMEOUT_S = 30.0
+# Each HTTP connection (service/frontend/connection_guard.py): a request's headers must arrive within
+# HEADER_TIMEOUT_S of the connection's opening (or of the request's first byte) and be at most
+# MAX_HEADER_BYTES; its body within BODY_TIMEOUT_S of the headers (a 32 MB upload at 1 MB/s takes 32 s).
+# An idle kept-alive connection is closed after KEEP_ALIVE_TIMEOUT_S (uvicorn's timer).
+MAX_HEADER_BYTES = 16 * 1024
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
+KEEP_ALIVE_TIMEOUT_S = 5.0
 # What a 503 tells the client to wait before retrying, in seconds.
 RETRY_AFTER_S = 1
+# Longest error message the server sends; quotes of what the client sent are cut to fit.
+MAX_ERROR_MESSAGE_CHARS = 1000
 # Clients must send this key (X-API-Key or Authorization: Bearer) to /predict and /info; empty:
 # no key. /health and /ready stay open for orchestrator probes.
 API_KEY = ""

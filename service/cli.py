@@ -49,6 +49,11 @@ _HELP = {
     "an OIP batch); more get 413",
     "max_queue": "most images queued or being processed at once; more get 503 with Retry-After",
     "request_timeout_s": "deadline from admission to answer, queue and inference included; later answers are 504",
+    "max_header_bytes": "largest request headers accepted (all header lines together); larger ones get 431",
+    "header_timeout_s": "seconds a request's headers may take to arrive, from the connection's opening or the "
+    "request's first byte; slower ones get 408 and the connection closes",
+    "body_timeout_s": "seconds a request's body may take to arrive after its headers; slower ones get 408",
+    "keep_alive_timeout_s": "seconds an idle kept-alive connection stays open between requests",
     "api_key": "key clients must send as X-API-Key or Authorization: Bearer to /predict and /info; prefer "
     "the env variable, since flags show in ps",
 }

@@ -9,19 +9,35 @@ gRPC status (service/oip/grpc_service.py). One image's outcome among others trav
 
 from __future__ import annotations
 
-from service._defaults import RETRY_AFTER_S
+from service._defaults import MAX_ERROR_MESSAGE_CHARS, RETRY_AFTER_S
+
+# nginx's "client closed request": the client left before its request was read or answered. Not a
+# server error: counted as such in vision_serve_requests_total, never logged with a traceback.
+CLIENT_CLOSED_REQUEST = 499
+_CUT_SHORT = " ... (cut short)"
 
 
 class ServiceError(Exception):
     """``status``: the HTTP status the outcome has (gRPC maps it to its codes); ``message``: what the
     client reads, with the fix where there is one; ``retry_after_s``: set when the same request may
-    succeed later (overload, no worker ready), sent as ``Retry-After``."""
+    succeed later (overload, no worker ready), sent as ``Retry-After``.
+
+    A message may quote what the client sent (a model name, a shape): it is cut to
+    ``MAX_ERROR_MESSAGE_CHARS``, so that no client can make an error outgrow a header (gRPC sends it
+    as metadata, which clients refuse past 8 KiB) or a log line."""
 
     def __init__(self, status: int, message: str, *, retry_after_s: int | None = None) -> None:
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            message = message[: MAX_ERROR_MESSAGE_CHARS - len(_CUT_SHORT)] + _CUT_SHORT
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry_after_s = retry_after_s
+
+    @classmethod
+    def client_closed(cls) -> ServiceError:
+        """499: the client closed the connection before its request body arrived."""
+        return cls(CLIENT_CLOSED_REQUEST, "The client closed the connection before sending its whole request.")
 
     @classmethod
     def retry_later(cls, message: str) -> ServiceError:

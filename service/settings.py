@@ -50,6 +50,10 @@ class ServeSettings:
     max_images_per_request: int = _defaults.MAX_IMAGES_PER_REQUEST
     max_queue: int = _defaults.MAX_QUEUE
     request_timeout_s: float = _defaults.REQUEST_TIMEOUT_S
+    max_header_bytes: int = _defaults.MAX_HEADER_BYTES
+    header_timeout_s: float = _defaults.HEADER_TIMEOUT_S
+    body_timeout_s: float = _defaults.BODY_TIMEOUT_S
+    keep_alive_timeout_s: float = _defaults.KEEP_ALIVE_TIMEOUT_S
     # A secret: kept out of repr() (and so out of logs and tracebacks) and out of as_dict().
     api_key: str = field(default=_defaults.API_KEY, repr=False)
 
@@ -93,7 +97,11 @@ class ServeSettings:
                 f"--preprocess must be auto or one of {', '.join(PREPROCESS_BACKENDS)}, got {self.preprocess!r}."
             )
         check_device_flag(self.device)
-        for name in ("max_body_bytes", "max_image_pixels", "max_images_per_request", "max_queue"):
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            seconds = getattr(self, name)
+            if not math.isfinite(seconds) or seconds <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {seconds}.")
+        for name in ("max_body_bytes", "max_image_pixels", "max_images_per_request", "max_queue", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
         if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from service import _defaults
 from service.errors import ServiceError
+from service.frontend.connection_guard import BODY_TIMED_OUT
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
+            if request.scope.get(BODY_TIMED_OUT):  # the connection guard closed it: counted as its 408
+                raise ServiceError(408, "The request's body did not arrive in time (server flag --body-timeout-s).")
+            raise ServiceError.client_closed()
         chunk = message.get("body", b"")
         received += len(chunk)
         if received > limit:

@@ -21,8 +21,10 @@ import time
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
+from service.errors import CLIENT_CLOSED_REQUEST
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 
@@ -37,10 +39,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # What we accept from a client as its request id: it goes into logs and a response header as is.
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})
-# nginx's code for "client closed request": here, any request that ended without an answer (it was
-# cancelled). A client that disconnects while its answer is sent is counted with that answer's code:
-# the server cannot tell.
-NO_ANSWER = "499"
+# nginx's code for "client closed request" (service/errors.py): here also any request that ended
+# without an answer (it was cancelled). A client that disconnects while its answer is sent is counted
+# with that answer's code: the server cannot tell.
+NO_ANSWER = str(CLIENT_CLOSED_REQUEST)
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
@@ -85,6 +87,10 @@ class HttpObserver:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # Starlette's own body readers raise it when the client leaves mid-request (ours answer
+            # 499 themselves): the client's doing, so no 500 and no traceback. Counted 499 below.
+            pass
         except Exception:
             if code is None:
                 # Answer the 500 here rather than leave it to Starlette's outer error layer, which

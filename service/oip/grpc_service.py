@@ -1,8 +1,9 @@
 """The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService`` (KServe v2, Triton).
 
 ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer; the other RPCs
-(shared memory, repository, statistics) answer UNIMPLEMENTED, the generated servicer's default.
-The protocol modules are the ones ``tritonclient`` ships, generated from Triton's own protos.
+(streaming, shared memory, repository, statistics, settings) answer UNIMPLEMENTED with their name. A
+request that is not a valid protobuf message answers INVALID_ARGUMENT: neither is logged as a server
+error. The protocol modules are the ones ``tritonclient`` ships, generated from Triton's own protos.
 
 Runs in every HTTP process, on its event loop, on ``--grpc-port`` (each process binds the port with
 SO_REUSEPORT, gRPC's default on Linux, and the kernel spreads connections over them). Limits,
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service.errors import ServiceError
@@ -48,7 +50,11 @@ from service.oip.tensors import (
 
 logger = logging.getLogger(__name__)
 
-MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"  # the access log's path for ModelInfer
+SERVICE = "inference.GRPCInferenceService"
+MODEL_INFER_PATH = f"/{SERVICE}/ModelInfer"  # the access log's path for ModelInfer
+IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+# What a request deserializer returns for bytes that are not the RPC's message.
+UNDECODABLE = object()
 GRPC_STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -57,6 +63,7 @@ GRPC_STATUS = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     500: grpc.StatusCode.INTERNAL,
+    499: grpc.StatusCode.CANCELLED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
@@ -218,9 +225,80 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 1),  # one server per HTTP process on the same port
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    add_servicer(servicer, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     server.add_insecure_port(address)
     await server.start()
     logger.info("gRPC (Open Inference Protocol) listening on %s", address)
     return server
+
+
+class _HandlerCapture:
+    """Stands in for a server to take the generated method handlers (name -> handler) as they are."""
+
+    handlers: dict[str, grpc.RpcMethodHandler]
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers = handlers
+
+
+def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` as the generated code would, with two changes that keep client faults out
+    of the server's error log: a request that does not parse answers INVALID_ARGUMENT (grpc would
+    answer UNKNOWN with the parser's exception and log a traceback), and the RPCs we do not implement
+    answer UNIMPLEMENTED with their name (the generated defaults raise, and grpc logs each one)."""
+    capture = _HandlerCapture()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
+    handlers = {}
+    for name, handler in capture.handlers.items():
+        if name in IMPLEMENTED:
+            handlers[name] = handler._replace(
+                request_deserializer=_tolerant(handler.request_deserializer),
+                unary_unary=_refusing_undecodable(handler.unary_unary, name),
+            )
+        elif handler.request_streaming:
+            handlers[name] = grpc.stream_stream_rpc_method_handler(_unimplemented_stream(name))
+        else:
+            handlers[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def _tolerant(parse: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    def deserialize(data: bytes) -> object:
+        try:
+            return parse(data)
+        except DecodeError:  # truncated, random bytes, bad varints, invalid UTF-8, nesting too deep
+            return UNDECODABLE
+
+    return deserialize
+
+
+def _refusing_undecodable(method: Callable, name: str) -> Callable:
+    async def handle(request: object, context: grpc.aio.ServicerContext) -> object:
+        if request is UNDECODABLE:
+            if name == "ModelInfer":  # counted and logged as every other infer answer
+                metrics().requests.labels(code="400").inc()
+                log_access("GRPC", MODEL_INFER_PATH, "400", time.perf_counter())
+            message = f"The {name} request is not a valid protobuf message."
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        return await method(request, context)
+
+    return handle
+
+
+def _unimplemented(name: str) -> Callable:
+    async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"vision-serve does not implement {name}.")
+
+    return refuse
+
+
+def _unimplemented_stream(name: str) -> Callable:
+    async def refuse(requests: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"vision-serve does not implement {name}.")
+
+    return refuse

@@ -23,6 +23,7 @@ from multiprocessing import resource_tracker
 from fastapi import FastAPI
 
 from compile.versions import PROJECT_DISTRIBUTION, package_version
+from service.frontend.connection_guard import ConnectionLimits, guarded_http_protocol
 from service.frontend.process import HttpFrontEnd
 from service.frontend.routes import register_routes
 from service.heap import freeze_startup_objects
@@ -257,6 +258,10 @@ def _run(server: VisionLitServer) -> int:
             # log (ours has the request id, service/frontend/observer.py).
             log_config=None,
             access_log=False,
+            http=guarded_http_protocol(
+                ConnectionLimits(settings.max_header_bytes, settings.header_timeout_s, settings.body_timeout_s)
+            ),
+            timeout_keep_alive=settings.keep_alive_timeout_s,
         )
         return server.exit_code
     except StartupInterrupted:

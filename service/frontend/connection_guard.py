@@ -1,0 +1,133 @@
+"""Limits on each HTTP connection that uvicorn does not set: how long a request's headers and body may
+take to arrive, and how large its headers may be. Runs in each HTTP process, inside uvicorn.
+
+uvicorn (with httptools) accepts headers of any size and waits for them, and for a body, forever; its
+only timer closes idle kept-alive connections. A server without a proxy in front would be held by
+slow or idle sockets and grown by huge headers. ``guarded_http_protocol`` is uvicorn's httptools
+protocol with:
+
+- a deadline for each request's headers, from the connection's opening or the request's first byte
+  (``--header-timeout-s``): past it, 408 and the connection closes;
+- a cap on the bytes of a request's headers (``--max-header-bytes``): past it, 431 and close;
+- a deadline for the body, from the end of the headers (``--body-timeout-s``): past it, 408 and
+  close. The route reading the body then sees the connection gone and counts the request as 408
+  (service/frontend/http_common.py).
+
+One sweep per process every ``SWEEP_INTERVAL_S`` checks the deadlines of every open connection, so
+a request pays for a few clock reads, not for timers of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service import _defaults
+
+SWEEP_INTERVAL_S = 0.25
+# Set in a request's ASGI scope when its body did not arrive in time (read by read_body).
+BODY_TIMED_OUT = "vision_serve.body_timed_out"
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The flags of the same names; the keep-alive timeout is uvicorn's own (``timeout_keep_alive``)."""
+
+    max_header_bytes: int = _defaults.MAX_HEADER_BYTES
+    header_timeout_s: float = _defaults.HEADER_TIMEOUT_S
+    body_timeout_s: float = _defaults.BODY_TIMEOUT_S
+
+
+def _refusal(status: int, reason: str, detail: str) -> bytes:
+    body = json.dumps({"detail": detail}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``limits`` (pass it as ``uvicorn.Config(http=...)``)."""
+    header_timeout = _refusal(
+        408,
+        "Request Timeout",
+        f"The request's headers did not arrive within {limits.header_timeout_s:g} s (server flag --header-timeout-s).",
+    )
+    body_timeout = _refusal(
+        408,
+        "Request Timeout",
+        f"The request's body did not arrive within {limits.body_timeout_s:g} s (server flag --body-timeout-s).",
+    )
+    too_large = _refusal(
+        431,
+        "Request Header Fields Too Large",
+        f"The request's headers are larger than {limits.max_header_bytes:,} bytes (server flag --max-header-bytes).",
+    )
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        # (monotonic deadline, refusal) of the phase the connection is in; None between requests,
+        # where uvicorn's keep-alive timeout applies.
+        _deadline: tuple[float, bytes] | None = None
+        _header_bytes = 0  # of the request whose headers are arriving; -1 once they are complete
+        _sweeping: set[asyncio.AbstractEventLoop] = set()  # noqa: RUF012  (per process, shared on purpose)
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._expect_headers()
+            if self.loop not in self._sweeping:
+                self._sweeping.add(self.loop)
+                self.loop.call_later(SWEEP_INTERVAL_S, self._sweep, self.connections, self.loop)
+
+        def _expect_headers(self) -> None:
+            self._deadline = (time.monotonic() + limits.header_timeout_s, header_timeout)
+            self._header_bytes = 0
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_bytes >= 0:
+                end = data.find(b"\r\n\r\n")
+                self._header_bytes += len(data) if end < 0 else end
+                if self._header_bytes > limits.max_header_bytes:
+                    self._refuse(too_large)
+                    return
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._header_bytes < 0:  # the next request on a kept-alive connection
+                self._expect_headers()
+
+        def on_headers_complete(self) -> None:
+            self._header_bytes = -1
+            self._deadline = (time.monotonic() + limits.body_timeout_s, body_timeout)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._deadline = None
+            super().on_message_complete()
+
+        def _refuse(self, refusal: bytes) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if refusal is body_timeout and cycle is not None:
+                cycle.scope[BODY_TIMED_OUT] = True  # type: ignore[literal-required]
+            if cycle is None or not cycle.response_started:
+                self.transport.write(refusal)
+            self.transport.close()
+
+        @staticmethod
+        def _sweep(connections: set, loop: asyncio.AbstractEventLoop) -> None:
+            now = time.monotonic()
+            for connection in list(connections):
+                deadline = getattr(connection, "_deadline", None)
+                if deadline is not None and now > deadline[0]:
+                    connection._refuse(deadline[1])
+            loop.call_later(SWEEP_INTERVAL_S, GuardedHttpToolsProtocol._sweep, connections, loop)
+
+    return GuardedHttpToolsProtocol

@@ -1,0 +1,248 @@
+"""Hostile and broken clients against a live server, on every protocol (issue 29): client faults are
+never counted or logged as server errors, slow or oversized requests are cut off by the connection
+limits, malformed gRPC is INVALID_ARGUMENT, images whose decode would cost far more than their size
+are refused before decoding, and ordinary requests keep being answered meanwhile.
+
+Raw sockets for what no HTTP client library would send. Short limits (1 s) keep the test fast; the
+defaults are in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2
+
+from benchmarks.bad_inputs import bad_inputs
+from service.launcher import ServerProcess, free_port
+from tests.conftest import CAT_LABELS
+
+TIMEOUT_S = 1.0
+MAX_HEADER_BYTES = 8192
+DECODE_COST_BOMBS = (
+    "jpeg_frame_claims_9000x9000",
+    "jpeg_progressive_1500_scans",
+    "png_20000_empty_chunks",
+    "tiff_10000_strips",
+    "gif_200000_comment_blocks",
+)
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    grpc_port = free_port()
+    args = ["--model", "efficientnet-lite0", "--grpc-port", str(grpc_port), "--api-servers", "1"]
+    args += ["--header-timeout-s", str(TIMEOUT_S), "--body-timeout-s", str(TIMEOUT_S)]
+    args += ["--max-header-bytes", str(MAX_HEADER_BYTES)]
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    with ServerProcess(args, log_path=log_path) as running:
+        running.grpc_url = f"127.0.0.1:{grpc_port}"
+        yield running
+
+
+def request_counts(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        sample.labels["code"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "vision_serve_requests"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def added(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {code: after[code] - before.get(code, 0) for code in after if after[code] != before.get(code, 0)}
+
+
+def raw_exchange(port: int, payload: bytes, *, close_after_send: bool = False, wait_s: float = 10.0) -> bytes:
+    """Send ``payload`` on a new connection; everything the server sends until it closes (or ``wait_s``)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        if payload:
+            sock.sendall(payload)
+        if close_after_send:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+            return b""
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            received += b"<still open>"
+        return received
+
+
+def status_line(response: bytes) -> str:
+    return response.split(b"\r\n", 1)[0].decode("latin-1")
+
+
+def server_errors_logged(server: ServerProcess) -> list[str]:
+    return [line for line in server.log_text().splitlines() if "Traceback" in line or "Exception in ASGI" in line]
+
+
+def predict_head(length: int, extra: str = "") -> bytes:
+    return (
+        f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_a_client_that_leaves_mid_body_is_counted_499_not_500(server, chelsea_jpeg) -> None:
+    before = request_counts(server.url)
+    for _ in range(5):
+        raw_exchange(server.port, predict_head(len(chelsea_jpeg)) + chelsea_jpeg[:1000], close_after_send=True)
+    deadline = time.monotonic() + 10
+    while added(before, request_counts(server.url)).get("499", 0) < 5:
+        assert time.monotonic() < deadline, added(before, request_counts(server.url))
+        time.sleep(0.1)
+    assert set(added(before, request_counts(server.url))) == {"499"}
+    assert not server_errors_logged(server)
+
+
+def test_malformed_chunked_bodies_get_400_and_no_server_error(server) -> None:
+    before = request_counts(server.url)
+    for chunk_size in (b"zz", b"ffffffffffffffffffff", b"-1"):
+        head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nTransfer-Encoding: chunked\r\n\r\n"
+        response = raw_exchange(server.port, head + b"4\r\nabcd\r\n" + chunk_size + b"\r\nxyz\r\n")
+        assert status_line(response).startswith("HTTP/1.1 400"), response[:200]
+    unknown = b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked, br\r\n\r\n0\r\n\r\n"
+    assert status_line(raw_exchange(server.port, unknown))[9:10] == "4"
+    time.sleep(0.5)  # counts are made as the handlers finish
+    assert not {code for code in added(before, request_counts(server.url)) if code.startswith("5")}
+    assert not server_errors_logged(server)
+
+
+def test_slow_headers_idle_connections_and_slow_bodies_get_408_and_are_closed(server, chelsea_jpeg) -> None:
+    before = request_counts(server.url)
+    started = time.monotonic()
+    with ThreadPoolExecutor(3) as pool:
+        idle = pool.submit(raw_exchange, server.port, b"")
+        slow_headers = pool.submit(raw_exchange, server.port, b"POST /predict HTTP/1.1\r\nHost: x\r\n")
+        slow_body = pool.submit(raw_exchange, server.port, predict_head(len(chelsea_jpeg)) + chelsea_jpeg[:100])
+        answers = [f.result() for f in (idle, slow_headers, slow_body)]
+    assert all(status_line(a).startswith("HTTP/1.1 408") and not a.endswith(b"<still open>") for a in answers), answers
+    assert b"--header-timeout-s" in answers[1] and b"--body-timeout-s" in answers[2]
+    assert time.monotonic() - started < 8  # closed by the server, well before the client's own 10 s wait
+    time.sleep(0.5)
+    assert added(before, request_counts(server.url)) == {"408": 1}  # the slow body was a /predict request
+    assert not server_errors_logged(server)
+
+
+def test_oversized_headers_get_431_and_ordinary_ones_pass(server, chelsea_jpeg) -> None:
+    # Just past the limit, and nothing after: the server reads it all before it answers and closes
+    # (unread bytes would make the kernel reset the connection, losing the answer).
+    huge = predict_head(0, "X-Padding: " + "a" * (MAX_HEADER_BYTES + 100) + "\r\n")
+    assert status_line(raw_exchange(server.port, huge)).startswith("HTTP/1.1 431")
+    trickled = []
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: ")
+        for _ in range(4):  # 12 KB in pieces, each under the limit alone
+            sock.sendall(b"a" * 3000)
+            time.sleep(0.05)
+        trickled.append(sock.recv(65536))
+    assert status_line(trickled[0]).startswith("HTTP/1.1 431")
+    fine = predict_head(len(chelsea_jpeg), "X-Padding: " + "a" * 4000 + "\r\nConnection: close\r\n") + chelsea_jpeg
+    assert status_line(raw_exchange(server.port, fine)).startswith("HTTP/1.1 200")
+
+
+def test_held_sockets_do_not_stop_ordinary_requests(server, chelsea_jpeg) -> None:
+    sockets = []
+    try:
+        for _ in range(100):  # slow clients holding connections half-sent
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n")
+            sockets.append(sock)
+        response = httpx.post(f"{server.url}/predict", content=chelsea_jpeg, timeout=30)
+        assert response.status_code == 200 and response.json()["predictions"][0]["label"] in CAT_LABELS
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@pytest.mark.parametrize("name", DECODE_COST_BOMBS)
+def test_images_whose_decode_would_cost_too_much_are_refused_before_decoding(server, name) -> None:
+    item = next(i for i in bad_inputs() if i.name == name)
+    response = httpx.post(f"{server.url}/predict", content=item.body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"]
+
+
+def test_an_ordinary_request_is_answered_while_expensive_images_arrive(server, chelsea_jpeg) -> None:
+    bombs = [i.body for i in bad_inputs() if i.name in DECODE_COST_BOMBS] * 4
+    with ThreadPoolExecutor(4) as pool:
+        refused = [pool.submit(httpx.post, f"{server.url}/predict", content=b, timeout=30) for b in bombs]
+        started = time.monotonic()
+        ordinary = httpx.post(f"{server.url}/predict", content=chelsea_jpeg, timeout=30)
+        ordinary_s = time.monotonic() - started
+        assert all(f.result().status_code == 400 for f in refused)
+    assert ordinary.status_code == 200
+    assert ordinary_s < 10, ordinary_s  # against seconds per bomb if any reached a decoder
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    with grpc.insecure_channel(server.grpc_url) as opened:
+        yield opened
+
+
+def raw_call(channel: grpc.Channel, method: str, body: bytes) -> grpc.RpcError:
+    call = channel.unary_unary(SERVICE + method)  # no serializers: the bytes go as they are
+    with pytest.raises(grpc.RpcError) as caught:
+        call(body, timeout=10)
+    return caught.value
+
+
+def test_grpc_bytes_that_are_not_protobuf_are_invalid_argument_without_a_traceback(server, channel) -> None:
+    good = service_pb2.ModelInferRequest(model_name="efficientnet-lite0", id="x" * 50).SerializeToString()
+    bodies = {
+        "random": bytes(range(256)) * 4,
+        "truncated": good[:-10],
+        "bad varint": b"\x08" + b"\xff" * 11,
+        "invalid UTF-8 in a string field": b"\x0a\x02\xc3\x28",
+        "deep nesting": b"\x7b" * 500,  # start-group tags of an unknown field, nested past the parser's limit
+    }
+    before = request_counts(server.url)
+    for name, body in bodies.items():
+        error = raw_call(channel, "ModelInfer", body)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error.code(), error.details())
+        assert error.details() == "The ModelInfer request is not a valid protobuf message."
+    assert added(before, request_counts(server.url)) == {"400": len(bodies)}
+    assert not server_errors_logged(server)
+
+
+@pytest.mark.parametrize("method", ["RepositoryIndex", "ModelStatistics", "SystemSharedMemoryStatus", "TraceSetting"])
+def test_grpc_unimplemented_rpcs_say_so_without_a_traceback(server, channel, method) -> None:
+    error = raw_call(channel, method, b"")
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED and method in error.details()
+    assert not server_errors_logged(server)
+
+
+def test_grpc_streaming_infer_is_unimplemented_without_a_traceback(server, channel) -> None:
+    stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stream(iter([b""]), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert not server_errors_logged(server)
+
+
+def test_grpc_errors_quoting_huge_client_values_stay_short(server, channel) -> None:
+    request = service_pb2.ModelInferRequest(model_name="m" * 1_000_000)
+    error = raw_call(channel, "ModelInfer", request.SerializeToString())
+    # Not RESOURCE_EXHAUSTED from the client's own 8 KiB metadata limit: the real answer arrives.
+    assert error.code() == grpc.StatusCode.NOT_FOUND, (error.code(), error.details()[:200])
+    assert len(error.details()) <= 1000
+
+
+def test_grpc_lying_jpeg_is_invalid_argument(server, channel, chelsea_jpeg) -> None:
+    item = next(i for i in bad_inputs() if i.name == "jpeg_frame_claims_9000x9000")
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="IMAGE", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(item.body)
+    request = service_pb2.ModelInferRequest(model_name="efficientnet-lite0", inputs=[tensor])
+    error = raw_call(channel, "ModelInfer", request.SerializeToString())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "9000x9000" in error.details()
