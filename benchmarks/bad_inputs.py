@@ -123,7 +123,7 @@ def big_valid_jpeg() -> bytes:
 def _progressive_jpeg_with_scans(scans: int) -> bytes:
     """A small progressive photo whose last scan is repeated until it has ``scans`` scans: each one
     makes the decoder sweep the whole image again."""
-    photo = _encode(Image.open(io.BytesIO(sample_photo_file("coffee"))).convert("RGB"), "JPEG", progressive=True)
+    photo = _encode(_small_photo(), "JPEG", progressive=True)
     last = photo.rindex(b"\xff\xda")
     repeats = scans - photo.count(b"\xff\xda")
     return photo[:-2] + photo[last:-2] * repeats + b"\xff\xd9"
@@ -185,11 +185,11 @@ def bad_inputs() -> list[BadInput]:
             "a 1x10000 TIFF with one row per strip: one Python object per strip when Pillow opens it",
         ),
         BadInput(
-            "gif_200000_comment_blocks",
-            _gif_with_comment_blocks(200_000),
+            "gif_20000_comment_blocks",
+            _gif_with_comment_blocks(20_000),
             "image/gif",
             frozenset({400}),
-            "1 MB of one-byte comment extensions before the image, each walked by Pillow's opener",
+            "100 KB of one-byte comment extensions before the image, each walked by Pillow's opener",
         ),
         BadInput(
             "jpeg_truncated",

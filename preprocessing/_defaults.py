@@ -7,12 +7,13 @@ MAX_IMAGE_PIXELS = 100_000_000
 # Decode cost, bounded before decoding (preprocessing/decode_cost.py): the pixel limit bounds memory,
 # these bound the work a small file can ask for. Ordinary encoders stay far below each.
 MAX_JPEG_SCANS = 100  # progressive JPEG scans; libjpeg writes 10, mozjpeg a few dozen at most
-# PNG chunks before the first frame ends: this many, plus one per this many bytes of the file.
+# PNG chunks before the first frame ends: this many, plus one per this many bytes of the file; before
+# the image data (metadata, which Pillow's opener walks in the HTTP process), this many alone.
 MIN_CHUNK_LIMIT = 1024
 BYTES_PER_EXTRA_CHUNK = 2048
 # TIFF strips or tiles: this many, or one per this many bytes of the file if that is more.
 MAX_TIFF_PIECES = 4096
-MIN_BYTES_PER_TIFF_PIECE = 512
+MIN_BYTES_PER_TIFF_PIECE = 4096
 # GIF extension sub-blocks before the first image: this many, plus one per this many bytes.
 MAX_GIF_BLOCKS = 4096
 BYTES_PER_EXTRA_GIF_BLOCK = 1024

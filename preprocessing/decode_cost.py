@@ -118,7 +118,7 @@ def _check_png(data: bytes) -> None:
             return
         seen_data = seen_data or kind == b"IDAT"
         chunks += 1
-        if chunks > limit:
+        if chunks > limit or (not seen_data and chunks > _defaults.MIN_CHUNK_LIMIT):
             raise ImageDecodeError(
                 400, f"The PNG has more than {limit:,} chunks before its first frame ends; re-encode it."
             )
