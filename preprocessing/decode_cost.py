@@ -42,9 +42,9 @@ def check_decode_cost(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_P
         _check_gif(data)
 
 
-def _check_jpeg(data: bytes, max_image_pixels: int, max_scans: int = _defaults.MAX_JPEG_SCANS) -> None:
-    frame = None  # (SOF marker, width, height, components' sampling factors)
-    pos, end, scans = 2, len(data), 0
+def _check_jpeg(data: bytes, max_image_pixels: int) -> None:
+    frame = None  # (SOF marker, width, height, components' sampling factor bytes)
+    pos, end = 2, len(data)
     while pos + 4 <= end:
         if data[pos] != 0xFF:
             return  # not a marker where one belongs: Pillow names the corruption
@@ -65,46 +65,70 @@ def _check_jpeg(data: bytes, max_image_pixels: int, max_scans: int = _defaults.M
             components = data[body + 5]
             sampling = [data[body + 7 + 3 * i] for i in range(components) if body + 7 + 3 * i < end]
             width, height = (data[body + 3] << 8) | data[body + 4], (data[body + 1] << 8) | data[body + 2]
-            frame = (marker, width, height, [(s >> 4, s & 15) for s in sampling])
+            frame = (marker, width, height, sampling)
         elif marker == _JPEG_SOS:
+            if frame is not None:
+                marker, width, height, sampling = frame
+                check_plain_jpeg_cost(data, marker, width, height, sampling, after, max_image_pixels)
+            return
+        pos = after
+
+
+def check_plain_jpeg_cost(
+    data: bytes,
+    frame_marker: int,
+    width: int,
+    height: int,
+    sampling: bytes | list[int],
+    scan_start: int,
+    max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS,
+    max_scans: int = _defaults.MAX_JPEG_SCANS,
+) -> None:
+    """The JPEG checks, given its frame and where its first scan's data starts (the HTTP process's
+    header walk has them): the scan data must be long enough for the frame, and a progressive file
+    may have at most ``max_scans`` scans. A sequential scan costs in proportion to its bytes."""
+    bits = _MIN_BITS_PER_BLOCK.get(frame_marker)
+    # Cheap for every upload (it runs on the HTTP process's event loop): plain loops, no generators.
+    h_max = v_max = 0
+    for s in sampling:
+        if not (s >> 4 and s & 15):
+            bits = None  # a zero sampling factor: corrupt, Pillow names it
+        h_max, v_max = max(h_max, s >> 4), max(v_max, s & 15)
+    if bits is not None and h_max and width * height <= max_image_pixels:
+        # Each component's blocks, rounded up, without MCU padding: a lower bound.
+        blocks = 0
+        for s in sampling:
+            columns = (width * (s >> 4) + h_max - 1) // h_max
+            rows = (height * (s & 15) + v_max - 1) // v_max
+            blocks += ((columns + 7) // 8) * ((rows + 7) // 8)
+        scan_bytes = len(data) - scan_start
+        if scan_bytes * 8 < bits * blocks:
+            raise ImageDecodeError(
+                400,
+                f"The JPEG is corrupt: its frame header claims {width}x{height} pixels, but its {scan_bytes:,} "
+                "bytes of scan data cannot hold that many (its size field was changed, or the data is cut short).",
+            )
+    if frame_marker in _PROGRESSIVE:
+        _count_scans(data, scan_start, max_scans)
+
+
+def _count_scans(data: bytes, scan_start: int, max_scans: int) -> None:
+    scans, pos, end = 1, scan_start, len(data)
+    while True:
+        found = _SCAN_END.search(data, pos)
+        if found is None or data[found.start() + 1] == _JPEG_EOI:
+            return
+        if data[found.start() + 1] == _JPEG_SOS:
             scans += 1
-            if scans == 1 and frame is not None and frame[1] * frame[2] <= max_image_pixels:
-                _check_scan_data_length(frame, end - after)
-            if frame is None or frame[0] not in _PROGRESSIVE:
-                return  # a sequential scan costs in proportion to its bytes: no need to walk on
             if scans > max_scans:
                 raise ImageDecodeError(
                     400,
                     f"The progressive JPEG has more than {max_scans} scans (ordinary encoders write at most a few "
                     "dozen); each scan makes the decoder sweep the whole image. Re-encode it.",
                 )
-            found = _SCAN_END.search(data, after)
-            pos = found.start() if found else end
-            continue
-        pos = after
-
-
-def _check_scan_data_length(frame: tuple[int, int, int, list[tuple[int, int]]], scan_bytes: int) -> None:
-    """The scans after the first SOS header must hold at least the fewest bits every block takes."""
-    marker, width, height, sampling = frame
-    bits = _MIN_BITS_PER_BLOCK.get(marker)
-    if bits is None or not sampling or not all(h and v for h, v in sampling):
-        return
-    h_max, v_max = max(h for h, _ in sampling), max(v for _, v in sampling)
-    # Each component's blocks, rounded up, without MCU padding: a lower bound.
-    blocks = sum(
-        _ceil_div(_ceil_div(width * h, h_max), 8) * _ceil_div(_ceil_div(height * v, v_max), 8) for h, v in sampling
-    )
-    if scan_bytes * 8 < bits * blocks:
-        raise ImageDecodeError(
-            400,
-            f"The JPEG is corrupt: its frame header claims {width}x{height} pixels, but its {scan_bytes:,} bytes of "
-            "scan data cannot hold that many (its size field was changed, or the data is cut short).",
-        )
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+        if found.start() + 4 > end:
+            return
+        pos = found.start() + 2 + ((data[found.start() + 2] << 8) | data[found.start() + 3])
 
 
 def _check_png(data: bytes) -> None:

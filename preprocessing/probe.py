@@ -11,11 +11,12 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from preprocessing import _defaults
-from preprocessing.decode_cost import check_decode_cost
+from preprocessing.decode_cost import check_decode_cost, check_plain_jpeg_cost
 from preprocessing.errors import ImageDecodeError
 
 SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
@@ -95,8 +96,24 @@ def open_image(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS) 
     return img
 
 
+class PlainJpegHeader(NamedTuple):
+    """What ``plain_jpeg_header`` read: the frame, and where the first scan's data starts."""
+
+    width: int
+    height: int
+    frame_marker: int  # SOF0..SOF15: sequential, progressive, arithmetic...
+    sampling: bytes  # each component's sampling factors byte (h << 4 | v)
+    scan_start: int  # offset of the first byte after the first SOS header
+
+
 def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """The stored (width, height) of a JPEG whose header is plain, or ``None``: then ask Pillow.
+    """The stored (width, height) of a JPEG whose header is plain, or ``None``: then ask Pillow."""
+    header = plain_jpeg_header(data)
+    return None if header is None else (header.width, header.height)
+
+
+def plain_jpeg_header(data: bytes) -> PlainJpegHeader | None:
+    """The frame of a JPEG whose header is plain, or ``None``: then ask Pillow.
 
     Walks the marker segments up to the first scan the way Pillow's JPEG opener does, checking what
     it checks (segment bounds, 8-bit samples, 1, 3 or 4 components, whole quantization tables), but
@@ -107,7 +124,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
     """
     if not data.startswith(b"\xff\xd8"):
         return None
-    size, pos, end = None, 2, len(data)
+    frame, pos, end = None, 2, len(data)
     while pos + 4 <= end:
         if data[pos] != 0xFF:
             return None
@@ -117,9 +134,9 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
         if length < 2 or body_end > end:
             return None
         if marker == _JPEG_SOS:
-            return size
+            return None if frame is None else PlainJpegHeader(*frame, body_end)
         if marker in _SOF_MARKERS:
-            if size is not None or length < 8:
+            if frame is not None or length < 8:
                 return None
             bits, height, width, layers = (
                 data[body_start],
@@ -129,7 +146,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
             )
             if bits != 8 or layers not in (1, 3, 4) or length != 8 + 3 * layers or not (width and height):
                 return None
-            size = (width, height)
+            frame = (width, height, marker, data[body_start + 7 : body_end : 3])
         elif marker == _JPEG_DQT:
             table = body_start
             while table < body_end:
@@ -152,11 +169,13 @@ def _plain_app_segment(data: bytes, marker: int, start: int, end: int) -> bool:
 def check_image_header(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS) -> None:
     """Raise ``ImageDecodeError`` (4xx) for input no backend should decode; the cheap check for the
     HTTP process (plain JPEGs without Pillow, everything else as ``probe_image``)."""
-    size = plain_jpeg_size(data)
-    if size is None or size[0] * size[1] > max_image_pixels:
+    header = plain_jpeg_header(data)
+    if header is None or header.width * header.height > max_image_pixels:
         open_image(data, max_image_pixels)  # checks the decode cost too
     else:
-        check_decode_cost(data, max_image_pixels)
+        check_plain_jpeg_cost(
+            data, header.frame_marker, header.width, header.height, header.sampling, header.scan_start
+        )
 
 
 @dataclass(frozen=True)

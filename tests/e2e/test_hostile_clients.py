@@ -15,9 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
+import numpy as np
 import pytest
+import tritonclient.http as triton_http
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
 
 from benchmarks.bad_inputs import bad_inputs
 from benchmarks.hostile_soak import predict_head, raw_exchange
@@ -224,3 +227,32 @@ def test_grpc_lying_jpeg_is_invalid_argument(server, channel, chelsea_jpeg) -> N
     request = service_pb2.ModelInferRequest(model_name="efficientnet-lite0", inputs=[tensor])
     error = raw_call(channel, "ModelInfer", request.SerializeToString())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "9000x9000" in error.details()
+
+
+# --- the Open Inference Protocol over HTTP: the same rules on its routes ---
+
+
+def test_oip_http_a_client_that_leaves_mid_body_is_counted_499(server, chelsea_jpeg) -> None:
+    before = request_counts(server.url)
+    head = (
+        f"POST /v2/models/efficientnet-lite0/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {100_000}\r\n\r\n"
+    ).encode()
+    raw_exchange(server.port, head + b'{"inputs": [' + b" " * 500, reset_after_send=True)
+    deadline = time.monotonic() + 10
+    while added(before, request_counts(server.url)) != {"499": 1}:
+        assert time.monotonic() < deadline, added(before, request_counts(server.url))
+        time.sleep(0.1)
+    assert not server_errors_logged(server)
+
+
+def test_oip_http_lying_and_expensive_images_are_refused(server) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    for name in ("jpeg_frame_claims_9000x9000", "png_20000_empty_chunks"):
+        body = next(i.body for i in bad_inputs() if i.name == name)
+        tensor = triton_http.InferInput("IMAGE", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([body], dtype=np.object_), binary_data=True)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("efficientnet-lite0", [tensor])
+        assert caught.value.status() == "400", caught.value.message()
+    assert "9000x9000" not in caught.value.message() and "chunks" in caught.value.message()
