@@ -38,7 +38,7 @@ _EXIF_ORIENTATION_TAG = 0x0112
 _ORIENTATIONS = {k: k for k in range(1, 9)}
 TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # stored sideways: width and height swap on display
 _JPEG_END_OF_IMAGE = b"\xff\xd9"
-# JPEG markers a plain photo's header holds before its first scan, read by ``plain_jpeg_size``.
+# JPEG markers a plain photo's header holds before its first scan, read by ``plain_jpeg_header``.
 _SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _JPEG_SOS, _JPEG_DQT = 0xDA, 0xDB
 _PLAIN_JPEG_SEGMENTS = frozenset({0xC4, 0xCC, 0xDD, 0xFE, *range(0xE0, 0xF0)})  # DHT, DAC, DRI, COM, APPn
@@ -104,12 +104,6 @@ class PlainJpegHeader(NamedTuple):
     frame_marker: int  # SOF0..SOF15: sequential, progressive, arithmetic...
     sampling: bytes  # each component's sampling factors byte (h << 4 | v)
     scan_start: int  # offset of the first byte after the first SOS header
-
-
-def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """The stored (width, height) of a JPEG whose header is plain, or ``None``: then ask Pillow."""
-    header = plain_jpeg_header(data)
-    return None if header is None else (header.width, header.height)
 
 
 def plain_jpeg_header(data: bytes) -> PlainJpegHeader | None:

@@ -1,6 +1,6 @@
-"""The HTTP process's cheap header check (preprocessing/probe.py ``plain_jpeg_size``) against Pillow.
+"""The HTTP process's cheap header check (preprocessing/probe.py ``plain_jpeg_header``) against Pillow.
 
-``plain_jpeg_size`` may say "ask Pillow" (``None``) for anything; whenever it answers a size
+``plain_jpeg_header`` may say "ask Pillow" (``None``) for anything; whenever it answers a size
 instead, Pillow must open the same bytes without error and report that size. Checked on real
 encoder output and on hypothesis-mutated headers of it.
 """
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from preprocessing.base import ImageDecodeError
-from preprocessing.probe import check_image_header, open_image, plain_jpeg_size
+from preprocessing.probe import check_image_header, open_image, plain_jpeg_header
 from tests.conftest import encode, sample_array
 from tests.unit.test_fuzz import fuzz_settings
 
@@ -49,15 +49,15 @@ JPEGS = _jpegs()
 @pytest.mark.parametrize("name", sorted(JPEGS))
 def test_plain_jpegs_are_read_without_pillow_and_agree_with_it(name: str) -> None:
     data = JPEGS[name]
-    assert plain_jpeg_size(data) == open_image(data).size == (96, 64)
+    assert jpeg_size(data) == open_image(data).size == (96, 64)
 
 
 def test_what_is_not_a_plain_jpeg_is_left_to_pillow() -> None:
     png = encode(Image.fromarray(sample_array("chelsea")), "PNG")
     jpeg = JPEGS["baseline"]
-    assert plain_jpeg_size(png) is None
-    assert plain_jpeg_size(jpeg[:200]) is None, "a header cut before its first scan"
-    assert plain_jpeg_size(jpeg[:2] + b"\xff\xe2\x00\x08MPF\x00\x00\x00" + jpeg[2:]) is None, "a multi-picture index"
+    assert jpeg_size(png) is None
+    assert jpeg_size(jpeg[:200]) is None, "a header cut before its first scan"
+    assert jpeg_size(jpeg[:2] + b"\xff\xe2\x00\x08MPF\x00\x00\x00" + jpeg[2:]) is None, "a multi-picture index"
 
 
 def test_the_check_refuses_what_the_probe_refuses() -> None:
@@ -90,9 +90,14 @@ def mutated_headers(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    header = plain_jpeg_header(data)
+    return None if header is None else (header.width, header.height)
+
+
 @given(data=mutated_headers())
 @fuzz_settings(400)
 def test_a_size_from_the_cheap_reader_is_what_pillow_reads(data: bytes) -> None:
-    size = plain_jpeg_size(data)
+    size = jpeg_size(data)
     if size is not None:  # Pillow must open it (no ImageDecodeError), at that size
         assert open_image(data, max_image_pixels=size[0] * size[1]).size == size
