@@ -164,6 +164,14 @@ def bad_inputs() -> list[BadInput]:
             "hold 81 MP (libjpeg would fill the rest with gray and Pillow report nothing)",
         ),
         BadInput(
+            "jpeg_frame_claims_1x65000",
+            _jpeg_with_frame_size(photo, 1, 65_000),
+            "image/jpeg",
+            frozenset({400}),
+            "the photo with its frame size changed to one long strip: its data is long enough for the blocks "
+            "claimed, but codes only a sixth of them (libjpeg would fill the rest with gray)",
+        ),
+        BadInput(
             "jpeg_progressive_1500_scans",
             _progressive_jpeg_with_scans(1500),
             "image/jpeg",

@@ -7,6 +7,11 @@ MAX_IMAGE_PIXELS = 100_000_000
 # Decode cost, bounded before decoding (preprocessing/decode_cost.py): the pixel limit bounds memory,
 # these bound the work a small file can ask for. Ordinary encoders stay far below each.
 MAX_JPEG_SCANS = 100  # progressive JPEG scans; libjpeg writes 10, mozjpeg a few dozen at most
+# A JPEG whose scan data has fewer bits than this per 8x8 block is Huffman-decoded once more, strictly,
+# in the worker, to refuse a frame larger than its data (decode_cost.check_thin_jpeg_data). A photo
+# saved at quality 75 has about 50 bits a block, at 95 about 120: only low-quality photos and flat
+# graphics pay the extra pass.
+THIN_JPEG_BITS_PER_BLOCK = 32
 # PNG chunks before the first frame ends: this many, plus one per this many bytes of the file; before
 # the image data (metadata, which Pillow's opener walks in the HTTP process), this many alone.
 MIN_CHUNK_LIMIT = 1024

@@ -88,19 +88,11 @@ def check_plain_jpeg_cost(
     header walk has them): the scan data must be long enough for the frame, and a progressive file
     may have at most ``max_scans`` scans. A sequential scan costs in proportion to its bytes."""
     bits = _MIN_BITS_PER_BLOCK.get(frame_marker)
-    # Cheap for every upload (it runs on the HTTP process's event loop): plain loops, no generators.
-    h_max = v_max = 0
     for s in sampling:
         if not (s >> 4 and s & 15):
             bits = None  # a zero sampling factor: corrupt, Pillow names it
-        h_max, v_max = max(h_max, s >> 4), max(v_max, s & 15)
-    if bits is not None and h_max and width * height <= max_image_pixels:
-        # Each component's blocks, rounded up, without MCU padding: a lower bound.
-        blocks = 0
-        for s in sampling:
-            columns = (width * (s >> 4) + h_max - 1) // h_max
-            rows = (height * (s & 15) + v_max - 1) // v_max
-            blocks += ((columns + 7) // 8) * ((rows + 7) // 8)
+    if bits is not None and sampling and width * height <= max_image_pixels:
+        blocks = count_blocks(width, height, sampling)
         scan_bytes = len(data) - scan_start
         if scan_bytes * 8 < bits * blocks:
             raise ImageDecodeError(
@@ -110,6 +102,58 @@ def check_plain_jpeg_cost(
             )
     if frame_marker in _PROGRESSIVE:
         _count_scans(data, scan_start, max_scans)
+
+
+def count_blocks(width: int, height: int, sampling: bytes | list[int]) -> int:
+    """The 8x8 blocks a frame's components hold, rounded up, without MCU padding (a lower bound).
+    ``sampling`` holds each component's sampling factors byte (h << 4 | v), all of them nonzero."""
+    h_max = v_max = blocks = 0
+    for s in sampling:  # plain loops: this runs for every upload on the HTTP process's event loop
+        h_max, v_max = max(h_max, s >> 4), max(v_max, s & 15)
+    for s in sampling:
+        columns = (width * (s >> 4) + h_max - 1) // h_max
+        rows = (height * (s & 15) + v_max - 1) // v_max
+        blocks += ((columns + 7) // 8) * ((rows + 7) // 8)
+    return blocks
+
+
+def check_thin_jpeg_data(
+    data: bytes,
+    frame_marker: int,
+    width: int,
+    height: int,
+    sampling: bytes | list[int],
+    scan_start: int,
+    min_bits_per_block: int = _defaults.THIN_JPEG_BITS_PER_BLOCK,
+) -> None:
+    """Refuse a JPEG whose scan data ends before its frame's last block (400), when its data is thin
+    for its frame: fewer than ``min_bits_per_block`` bits a block.
+
+    The length check above cannot tell a photo whose frame size was raised (1x65000 from 451x300:
+    7 bits a block) from a flat graphic of the same size, and libjpeg and nvJPEG both fill the
+    blocks the data lacks with gray and report at most a warning, which Pillow drops. This runs
+    libjpeg-turbo's Huffman decoding once, at 1/8 scale (no IDCT), with its warnings raised: for thin
+    files only, so ordinary photos pay nothing, and the cost stays in proportion to the bytes sent.
+    It runs in the workers (``probe.check_jpeg_data``), off the HTTP process's event loop.
+    """
+    if frame_marker not in _MIN_BITS_PER_BLOCK or not all(s >> 4 and s & 15 for s in sampling):
+        return
+    blocks = count_blocks(width, height, sampling)
+    if not blocks or (len(data) - scan_start) * 8 >= min_bits_per_block * blocks:
+        return
+    import simplejpeg  # here: only thin JPEGs need it, and only in the workers
+
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="GRAY" if len(sampling) == 1 else "RGB", min_factor=8, strict=True)
+    except ValueError as exc:
+        # Only a scan that stops early is this check's business; other warnings (extra bytes before
+        # a marker, which sloppy encoders write) and unsupported colour spaces are left to Pillow.
+        if "premature end" in str(exc).lower():
+            raise ImageDecodeError(
+                400,
+                f"The JPEG is corrupt: its scan data ends before the last of the {width}x{height} pixels its "
+                "frame header claims (its size field was changed, or the data is cut short).",
+            ) from None
 
 
 def _count_scans(data: bytes, scan_start: int, max_scans: int) -> None:

@@ -14,7 +14,7 @@ from PIL import Image, ImageOps
 from preprocessing import _defaults
 from preprocessing.base import ImageDecodeError, ImageError, Normalizer, PreparedBatch, Preprocessor
 from preprocessing.geometry import plan_crop
-from preprocessing.probe import JPEG_FORMATS, open_image
+from preprocessing.probe import JPEG_FORMATS, check_jpeg_data, open_image
 from preprocessing.spec import PreprocessSpec
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,9 @@ def to_rgb(img: Image.Image, background: tuple[int, int, int] = _defaults.ALPHA_
 class PilPreprocessor(Preprocessor):
     """Decode with Pillow on the CPU, then normalize the uint8 batch on the model's device.
 
-    Per image: header check (pixel limit) -> JPEG draft when the photo is far larger than needed ->
-    EXIF orientation -> RGB -> shorter-side resize (antialiased) -> center crop.
+    Per image: header check (pixel limit, decode cost, a JPEG's data against its frame) -> JPEG
+    draft when the photo is far larger than needed -> EXIF orientation -> RGB -> shorter-side resize
+    (antialiased) -> center crop.
     """
 
     name = "pil"
@@ -106,6 +107,8 @@ class PilPreprocessor(Preprocessor):
     def decode(self, data: bytes) -> np.ndarray:
         """One encoded image -> ``crop x crop x 3`` uint8 array; raises ``ImageDecodeError``."""
         img = open_image(data, self.max_image_pixels)
+        if img.format in JPEG_FORMATS:
+            check_jpeg_data(data)
         try:
             return self._transform(img)
         except ImageDecodeError:

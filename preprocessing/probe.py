@@ -16,7 +16,7 @@ from typing import NamedTuple
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from preprocessing import _defaults
-from preprocessing.decode_cost import check_decode_cost, check_plain_jpeg_cost
+from preprocessing.decode_cost import check_decode_cost, check_plain_jpeg_cost, check_thin_jpeg_data
 from preprocessing.errors import ImageDecodeError
 
 SUPPORTED_FORMATS_HINT = "JPEG, PNG, WebP, GIF, BMP or TIFF"
@@ -172,6 +172,14 @@ def check_image_header(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_
         )
 
 
+def check_jpeg_data(data: bytes) -> None:
+    """The worker-side JPEG check, too slow for the HTTP process: a frame larger than its scan data
+    (``check_thin_jpeg_data``) is refused with 400. Call it for JPEGs only, after ``open_image``."""
+    header = plain_jpeg_header(data)
+    if header is not None:
+        check_thin_jpeg_data(data, header.frame_marker, header.width, header.height, header.sampling, header.scan_start)
+
+
 @dataclass(frozen=True)
 class ImageProbe:
     """What the header says about one image."""
@@ -212,11 +220,16 @@ def exif_orientation(img: Image.Image) -> int:
 
 
 def probe_image(data: bytes, max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS) -> ImageProbe:
-    """Header facts of one image; raises ``ImageDecodeError`` (4xx) for input no backend should decode."""
+    """Header facts of one image; raises ``ImageDecodeError`` (4xx) for input no backend should decode.
+
+    Runs in the workers, so it may also do what is too slow for the HTTP process's header check
+    (``check_jpeg_data``).
+    """
     img = open_image(data, max_image_pixels)
     width, height = img.size
     orientation, ends_cleanly = 1, True
     if img.format in JPEG_FORMATS:
+        check_jpeg_data(data)
         orientation = exif_orientation(img)
         # Trailing padding after the marker is common and harmless.
         ends_cleanly = data.rstrip(b"\x00\r\n ").endswith(_JPEG_END_OF_IMAGE)

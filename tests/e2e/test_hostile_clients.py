@@ -220,13 +220,25 @@ def test_grpc_errors_quoting_huge_client_values_stay_short(server, channel) -> N
     assert len(error.details()) <= 1000
 
 
-def test_grpc_lying_jpeg_is_invalid_argument(server, channel, chelsea_jpeg) -> None:
-    item = next(i for i in bad_inputs() if i.name == "jpeg_frame_claims_9000x9000")
+def test_a_jpeg_frame_larger_than_its_coded_data_is_refused_beside_an_ordinary_photo(server, chelsea_jpeg) -> None:
+    """1x65000 passes the HTTP process's length bound; the worker's strict pass refuses it, and the
+    photo decoded in the same batch is answered as usual."""
+    lying = next(i.body for i in bad_inputs() if i.name == "jpeg_frame_claims_1x65000")
+    files = [("image", ("lying.jpg", lying)), ("image", ("cat.jpg", chelsea_jpeg))]
+    response = httpx.post(f"{server.url}/predict", files=files, timeout=30)
+    results = response.json()["results"]
+    assert [r["status_code"] for r in results] == [400, 200], results
+    assert "1x65000" in results[0]["detail"] and results[1]["predictions"][0]["label"] in CAT_LABELS
+
+
+@pytest.mark.parametrize("name", ["jpeg_frame_claims_9000x9000", "jpeg_frame_claims_1x65000"])
+def test_grpc_lying_jpeg_is_invalid_argument(server, channel, name) -> None:
+    item = next(i for i in bad_inputs() if i.name == name)
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name="IMAGE", datatype="BYTES", shape=[1])
     tensor.contents.bytes_contents.append(item.body)
     request = service_pb2.ModelInferRequest(model_name="efficientnet-lite0", inputs=[tensor])
     error = raw_call(channel, "ModelInfer", request.SerializeToString())
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "9000x9000" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and name.rsplit("_", 1)[1] in error.details()
 
 
 # --- the Open Inference Protocol over HTTP: the same rules on its routes ---

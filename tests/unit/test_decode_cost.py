@@ -14,10 +14,13 @@ from PIL import Image
 
 from preprocessing.decode_cost import check_decode_cost
 from preprocessing.errors import ImageDecodeError
-from preprocessing.probe import check_image_header, open_image
+from preprocessing.pil_backend import PilPreprocessor
+from preprocessing.probe import check_image_header, check_jpeg_data, open_image, probe_image
+from preprocessing.spec import PreprocessSpec
 from tests.conftest import encode, sample_array
 
 PHOTOS = ("chelsea", "coffee", "astronaut", "rocket")
+SPEC = PreprocessSpec(256, 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def refusal(data: bytes) -> str:
@@ -57,7 +60,39 @@ def ordinary_jpegs() -> list[tuple[str, bytes]]:
 @pytest.mark.parametrize(("name", "data"), ordinary_jpegs(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_ordinary_jpeg_encoding_is_accepted(name: str, data: bytes) -> None:
     check_decode_cost(data)
+    check_jpeg_data(data)  # the strict pass too: q1 and flat images are thin enough to take it
     open_image(data).load()
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize(("width", "height"), [(1, 65_000), (451, 1200), (1000, 1000)])
+def test_a_frame_larger_than_its_data_is_refused_by_the_strict_pass(width: int, height: int, progressive: bool) -> None:
+    """Frames whose blocks the data could hold by length (the header check lets them through), but does
+    not code: refused in the workers, by the Pillow backend and by every device backend's probe."""
+    photo = encode(sample_array("chelsea"), quality=75, progressive=progressive)
+    forged = with_frame_size(photo, width, height)
+    check_image_header(forged)  # the HTTP process's cheap check cannot tell
+    for check in (check_jpeg_data, probe_image, PilPreprocessor(SPEC).decode):
+        with pytest.raises(ImageDecodeError) as caught:
+            check(forged)
+        assert caught.value.error.status_code == 400
+        assert f"{width}x{height}" in caught.value.error.detail and "ends before" in caught.value.error.detail
+
+
+def test_the_strict_pass_leaves_other_libjpeg_warnings_to_pillow() -> None:
+    """Junk bytes between the scan and the end marker (sloppy encoders write them) make libjpeg warn
+    "extraneous bytes": not this check's business, and Pillow decodes such files."""
+    flat = encode(np.full((64, 64, 3), 200, np.uint8), quality=50)
+    sloppy = flat[:-2] + b"\x00\x00junk" + flat[-2:]
+    check_jpeg_data(sloppy)
+    open_image(sloppy).load()
+
+
+def test_a_mildly_forged_frame_passes_when_its_data_is_not_thin() -> None:
+    """The documented limit of the strict pass: it runs below 32 bits a block only, so a photo that
+    claims a few more rows than it codes (bits a block stay photo-like) decodes with gray rows."""
+    photo = encode(sample_array("chelsea"), quality=95)
+    check_jpeg_data(with_frame_size(photo, 451, 340))
 
 
 @pytest.mark.parametrize("progressive", [False, True])
