@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint clean
+.PHONY: demo test test-fast test-slow lint clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,14 @@ lint: $(VENV)/.installed-test
 	$(PY) -m ruff format --check .
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
 
-# The unit tier (tests/unit): no server, no model run; under 2 minutes on 2 cores.
+# The slow tier (tests marked slow: end-to-end runs of minutes, e.g. own models through every backend);
+# CI runs it after `make test`.
+test-slow: $(VENV)/.installed-test
+	$(PY) -m pytest -m slow
+
+# The unit tier (tests/unit): no server, no model run; about 2 minutes on 2 cores.
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest tests/unit -q
 

@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.images import read_images, write_benchmark_images
 from compile.libstdcxx import restart_with_preload
+from compile.model_request import ModelRequest
 from preprocessing import create_preprocessor
 from service.worker.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
 
@@ -29,7 +30,7 @@ WARMUP_CALLS = 2
 
 
 def load_served(model: str, weights: str, artifact: str | None, device: torch.device) -> ServedModel:
-    return load_artifact(artifact, device) if artifact else load_eager(model, weights, device)
+    return load_artifact(artifact, device) if artifact else load_eager(ModelRequest(model), weights, device)
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

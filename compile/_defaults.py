@@ -14,6 +14,18 @@ IMAGENET_LABELS_SOURCE = "torchvision.models.ResNet152_Weights.DEFAULT.meta['cat
 EFFICIENTNET_LITE_MEAN = (127.0 / 255.0,) * 3
 EFFICIENTNET_LITE_STD = (128.0 / 255.0,) * 3
 
+# Labels files (--labels, compile/labels.py): bounds on what a file may hold.
+MAX_LABELS_FILE_BYTES = 16 * 1024 * 1024
+MAX_LABEL_CHARS = 1000
+# Served model names (--name): what fits a URL path segment, a metric label and a folder name.
+MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+# Model files made elsewhere, by suffix: ONNX, and torch.export's ExportedProgram (torch.export.save).
+ONNX_FILE_SUFFIX = ".onnx"
+EXPORTED_PROGRAM_SUFFIX = ".pt2"
+TIMM_PREFIX = "timm:"
+# timm's own default crop_pct (timm.data.constants.DEFAULT_CROP_PCT), for a config that names none.
+TIMM_DEFAULT_CROP_PCT = 0.875
+
 LOG_LEVELS = ("debug", "info", "warning", "error")  # for compile-trt and vision-serve
 
 # ---- compile-trt --------------------------------------------------------------------------------

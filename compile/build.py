@@ -33,10 +33,13 @@ from compile.backends import (
     get_backend,
     resolve_compile_backend,
 )
-from compile.catalog import ModelEntry, get_model_entry
+from compile.catalog import ModelEntry
 from compile.devices import describe_device, parse_device
 from compile.gate import GateReport, gate_inputs, gate_photos, run_gate
 from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, sha256_file, write_manifest
+from compile.model_files import read_model_file
+from compile.model_request import ModelRequest
+from compile.model_source import resolve_model
 from compile.progress import Progress
 from compile.settings import CompileSettings
 from compile.versions import PROJECT_DISTRIBUTION, library_versions, package_version
@@ -145,7 +148,8 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     backend = get_backend(backend_name)
     backend.check_available(device)
     backend.check_precision(settings.precision, device)
-    entry = get_model_entry(settings.model)
+    entry = resolve_model(ModelRequest.from_settings(settings))
+    check_model_backend(entry, backend_name, settings)
     triton_repository = Path(settings.triton_repository).expanduser() if settings.triton_repository else None
     if triton_repository is not None:
         check_triton_export(backend_name, settings.batch, triton_repository, entry.name)
@@ -156,6 +160,28 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     return CompilePlan(
         settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos, triton_repository
     )
+
+
+def check_model_backend(entry: ModelEntry, backend_name: str, settings: CompileSettings) -> None:
+    """Which engines a model file can become: ``ValueError`` with the reason, before any work.
+
+    An ONNX file is served as it is, by ONNX Runtime at fp32 (the other engines compile PyTorch
+    programs, and ONNX has no converter back to one here). An ExportedProgram compiles with every
+    backend that exports (inductor, onnx, tensorrt); eager rebuilds catalog architectures only.
+    """
+    if entry.family == "onnx" and (backend_name != "onnx" or settings.precision != "fp32"):
+        raise ValueError(
+            f"{entry.model} is an ONNX file: it is served as it is, by ONNX Runtime (--backend onnx --precision fp32), "
+            f"not {backend_name} at {settings.precision}. For other engines or precisions export the PyTorch model "
+            "with torch.export.save and compile that .pt2."
+        )
+    if entry.family == "exported-program" and backend_name == "eager":
+        raise ValueError(
+            f"--backend eager rebuilds a catalog architecture from saved weights; {entry.model} is a program. Use "
+            f"--backend inductor or onnx, or serve the file without compiling: vision-serve --model {entry.model}."
+        )
+    if entry.family in ("onnx", "exported-program"):
+        read_model_file(entry.model).check_batch(settings.batch)
 
 
 def check_triton_export(backend_name: str, batch: tuple[int, int, int], repository: Path, model: str) -> None:
@@ -180,7 +206,9 @@ def engine_cache_key(
         {
             "format": _defaults.MANIFEST_FORMAT_VERSION,
             "vision_serve": package_version(PROJECT_DISTRIBUTION),
-            "model": entry.name,
+            "model": entry.model,
+            "name": entry.name,
+            "family": entry.family,
             "weights_sha256": weights_sha256,
             "preprocess": entry.preprocess.to_dict(),
             "labels_sha256": sha256_text("\n".join(entry.labels)),
@@ -341,7 +369,8 @@ def _manifest(
     low, opt, high = settings.batch
     return Manifest(
         format_version=_defaults.MANIFEST_FORMAT_VERSION,
-        model=entry.name,
+        model=entry.model,
+        name=entry.name,
         model_family=entry.family,
         weights_source=loaded.weights_source,
         weights_sha256=weights_sha256,

@@ -15,6 +15,7 @@ import torchvision
 from torchvision.models import ResNet152_Weights, get_model_weights
 
 from compile import _defaults
+from compile.manifest import Manifest
 from preprocessing.spec import PreprocessSpec
 
 EFFICIENTNET_LITE_MODELS = {"efficientnet-lite0": 224}
@@ -22,13 +23,18 @@ EFFICIENTNET_LITE_MODELS = {"efficientnet-lite0": 224}
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One servable model: its name, where its architecture comes from, its input contract."""
+    """One servable model: its served name, where its architecture comes from, its input contract."""
 
-    name: str
-    family: str  # "torchvision" or "efficientnet-lite"
+    name: str  # the served name (OIP routes, answers, /info)
+    family: str  # "torchvision", "efficientnet-lite", "timm", "onnx" or "exported-program"
     preprocess: PreprocessSpec
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # their number is the number of classes
     labels_source: str
+    model: str = ""  # what --model said (a catalog name, "timm:<name>", a file path); empty: ``name``
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            object.__setattr__(self, "model", self.name)
 
     @property
     def num_classes(self) -> int:
@@ -89,4 +95,16 @@ def get_model_entry(name: str) -> ModelEntry:
     raise ValueError(
         f"Unknown model {name!r}.{hint} Use 'resnet152' (default), 'efficientnet-lite0' (ships its "
         "weights, works offline) or any torchvision classification model name, e.g. 'resnet50'."
+    )
+
+
+def entry_from_manifest(manifest: Manifest) -> ModelEntry:
+    """The entry an artifact was compiled from, as its manifest records it."""
+    return ModelEntry(
+        name=manifest.served_name,
+        family=manifest.model_family,
+        preprocess=manifest.preprocess,
+        labels=manifest.labels,
+        labels_source=manifest.labels_source,
+        model=manifest.model,
     )

@@ -12,6 +12,7 @@ from dataclasses import Field, fields
 from compile import _defaults
 from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
 from compile.settings import CompileSettings, parse_batch
+from preprocessing.spec import SUPPORTED_INTERPOLATIONS
 
 EXIT_GATE_FAILED = 3
 EXIT_UNAVAILABLE = 4
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "backend": {"choices": _defaults.BACKENDS},
         "precision": {"choices": _defaults.PRECISIONS},
         "log_level": {"choices": _defaults.LOG_LEVELS},
+        "interpolation": {"choices": SUPPORTED_INTERPOLATIONS},
         **{name: {"type": float, "metavar": "X"} for name in GATE_OVERRIDES},
     }
     add_settings_flags(parser, CompileSettings, _help_of, options)
@@ -66,7 +68,7 @@ def _help_of(f: Field) -> str:
         default = ",".join(map(str, default))
     elif f.name in GATE_OVERRIDES:
         default = "per precision"
-    elif default == "":  # an empty path: the help says what happens without it
+    elif default == "" or (type(default) is int and default == 0):  # not given: the help says what then
         return _HELP[f.name]
     return f"{_HELP[f.name]} (default: {default})"
 
@@ -108,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendUnavailable as exc:
         print(f"compile-trt: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    except (ValueError, WeightsError) as exc:
+    except (ValueError, WeightsError) as exc:  # labels, model files, weights: what to change, exit 2
         parser.error(str(exc))
     manifest = result.manifest
     state = "up to date (cache hit)" if result.cached else f"compiled in {manifest.compile_seconds:.1f} s"

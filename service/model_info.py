@@ -12,7 +12,7 @@ class ModelInfo:
     """What ``/info``, the Open Inference Protocol's metadata and the build_info metric say of the
     served model. Fields in ``/info``'s order."""
 
-    model: str
+    model: str  # the served name (--name)
     weights: str
     engine: str
     preprocess: str
@@ -23,6 +23,7 @@ class ModelInfo:
     max_batch_size: int
     batch_timeout_ms: float
     artifact: dict | None = None  # the manifest's facts, when serving an artifact
+    source: str = ""  # what --model said: a catalog name, timm:<name>, a model file
 
     def to_dict(self) -> dict:
         described = asdict(self)

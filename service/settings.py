@@ -21,6 +21,7 @@ else:  # pragma: no cover - Python 3.10
 
 from compile._defaults import LOG_LEVELS
 from compile.cli_flags import check_device_flag, flag
+from compile.model_request import ModelRequest, check_model_flags
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service import _defaults
 from service.logs import LOG_FORMATS
@@ -33,6 +34,15 @@ class ServeSettings:
     artifact: str = _defaults.ARTIFACT
     model: str = _defaults.MODEL
     weights: str = _defaults.WEIGHTS
+    # The model's labels, served name and preprocessing overrides (compile/model_request.py), for the
+    # eager model; with --artifact its manifest fixes all but the name. Empty or 0: not given.
+    labels: str = ""
+    name: str = ""
+    resize_size: int = 0
+    crop_size: int = 0
+    mean: str = ""
+    std: str = ""
+    interpolation: str = ""
     device: str = _defaults.DEVICE
     preprocess: str = _defaults.PREPROCESS
     max_batch_size: int = _defaults.MAX_BATCH_SIZE
@@ -97,6 +107,7 @@ class ServeSettings:
                 f"--preprocess must be auto or one of {', '.join(PREPROCESS_BACKENDS)}, got {self.preprocess!r}."
             )
         check_device_flag(self.device)
+        check_model_flags(ModelRequest.from_settings(self))
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
             seconds = getattr(self, name)
             if not math.isfinite(seconds) or seconds <= 0:
@@ -118,6 +129,11 @@ class ServeSettings:
                 "--api-key must be printable ASCII without spaces at its ends: HTTP headers carry nothing else "
                 "reliably."
             )
+
+    @property
+    def served_name(self) -> str:
+        """The name the model is served under: --name, else what the planner derived, else --model."""
+        return self.name or self.model
 
     def as_dict(self) -> dict:
         """The settings without the API key, safe to log or show."""

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from compile.backends.base import PRECISION_DTYPES, CompileBackend, EngineCallable, PrecisionCast, use_exact_fp32
-from compile.catalog import get_model_entry
+from compile.catalog import entry_from_manifest
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
 
@@ -29,7 +29,7 @@ class EagerBackend(CompileBackend):
         from compile.weights import build_architecture
 
         use_exact_fp32(manifest.precision, device)
-        model = PrecisionCast(build_architecture(get_model_entry(manifest.model)), PRECISION_DTYPES[manifest.precision])
+        model = PrecisionCast(build_architecture(entry_from_manifest(manifest)), PRECISION_DTYPES[manifest.precision])
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         model = model.eval().to(device).to(memory_format=torch.channels_last)
 

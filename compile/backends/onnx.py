@@ -240,6 +240,14 @@ class OnnxBackend(CompileBackend):
     def build(
         self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
     ) -> None:
+        from compile.weights import OnnxFileModule
+
+        if isinstance(source := getattr(model, "model", None), OnnxFileModule):
+            # Served as it is (fp32 only: build.py), made one self-contained file: a model exported
+            # with its weights beside it (model.onnx.data) gets them inside.
+            onnx = importlib.import_module("onnx")
+            onnx.save_model(onnx.load(str(source.path)), str(path), save_as_external_data=False)
+            return
         # Exported on the CPU: the graph does not depend on the device, and the file is the same.
         example = example_batch(export_example_size(settings.batch), crop_size, torch.device("cpu"))
         with torch.no_grad(), quiet_exporter_logs():

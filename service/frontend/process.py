@@ -87,7 +87,7 @@ class HttpFrontEnd:
         servicer = InferenceServicer(
             self.dispatcher,
             self.limits,
-            model=settings.model,
+            model=settings.served_name,
             engine=self.model.engine,
             ready=self.ready,
             server_version=self.server_version,

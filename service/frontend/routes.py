@@ -31,7 +31,7 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
     settings = frontend.settings
     check_auth = ApiKeyAuth(settings.api_key) if settings.api_key else None
     auth_dependencies = [Depends(check_auth)] if check_auth else []
-    inference_paths = [api_path, *infer_paths(settings.model)]
+    inference_paths = [api_path, *infer_paths(settings.served_name)]
     app.add_exception_handler(ServiceError, handle_service_error)
 
     @app.get("/", include_in_schema=False)
@@ -80,8 +80,8 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
         summary="Classify one image, or several: their top-k ImageNet labels",
     )
 
-    oip_endpoint = OipInferEndpoint(frontend.dispatcher, frontend.limits, settings.model, check_auth)
-    for path in infer_paths(settings.model):
+    oip_endpoint = OipInferEndpoint(frontend.dispatcher, frontend.limits, settings.served_name, check_auth)
+    for path in infer_paths(settings.served_name):
         add_fast_route(app, "POST", path, HttpObserver(oip_endpoint, inference_paths))
     add_oip_routes(
         app, oip_endpoint, server_version=frontend.server_version, engine=frontend.model.engine, ready=frontend.ready

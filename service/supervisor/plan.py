@@ -77,6 +77,10 @@ def resolve_device(
     return "cuda", 1, {"CUDA_VISIBLE_DEVICES": visible_device(index, visible_devices)}
 
 
+# Flags an artifact's manifest decides (the served name may still be chosen at serving time).
+ARTIFACT_FIXED_FLAGS = ("labels", "resize_size", "crop_size", "mean", "std", "interpolation")
+
+
 def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSettings, Manifest]:
     """Settings adjusted to the artifact's manifest, which wins over flags; ``ValueError`` if they conflict."""
     import torch
@@ -106,6 +110,13 @@ def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSetti
             f"--model {settings.model} conflicts with --artifact {settings.artifact}, which holds {manifest.model}. "
             "Drop --model: the artifact decides the model."
         )
+    fixed = [f for f in ARTIFACT_FIXED_FLAGS if getattr(settings, f)]
+    if fixed:
+        flags = ", ".join(f"--{f.replace('_', '-')}" for f in fixed)
+        raise ValueError(
+            f"{flags}: the artifact {settings.artifact} fixes its labels and preprocessing (the accuracy gate checked "
+            "them). Drop the flags, or compile a new artifact with them: compile-trt --model ... " + flags + "."
+        )
     if settings.weights != _defaults.WEIGHTS:
         raise ValueError(
             f"--weights has no effect with --artifact: the engine was compiled with {manifest.weights_source}. "
@@ -122,7 +133,13 @@ def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSetti
             max_batch_size,
         )
         max_batch_size = manifest.batch_max
-    adjusted = dataclasses.replace(settings, model=manifest.model, device=device, max_batch_size=max_batch_size)
+    adjusted = dataclasses.replace(
+        settings,
+        model=manifest.model,
+        name=settings.name or manifest.served_name,
+        device=device,
+        max_batch_size=max_batch_size,
+    )
     return adjusted, manifest
 
 
@@ -150,9 +167,10 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cpu_cou
     """The plan for ``settings`` on this machine; ``ValueError`` says what to change. Imports torch."""
     import torch
 
-    from compile.catalog import get_model_entry
+    from compile.model_request import ModelRequest
+    from compile.model_source import resolve_model
     from preprocessing import resolve_preprocess_backend
-    from service.worker.engine import ENGINE_EAGER
+    from service.worker.engine import eager_engine_name
 
     cuda_count = torch.cuda.device_count() if cuda_count is None else cuda_count
     manifest = None
@@ -167,11 +185,13 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cpu_cou
         spec, labels_source = manifest.preprocess, manifest.labels_source
         weights, engine = manifest.weights_source, manifest.engine_name
     else:
-        entry = get_model_entry(settings.model)  # fail fast on a bad name, before spawning workers
+        # Fail fast on a bad name, labels file or model file, before spawning workers.
+        entry = resolve_model(ModelRequest.from_settings(settings))
         spec, labels_source = entry.preprocess, entry.labels_source
-        weights, engine = settings.weights, ENGINE_EAGER
+        weights, engine = settings.weights, eager_engine_name(entry.family)
+        settings = dataclasses.replace(settings, name=entry.name)
     model = ModelInfo(
-        model=settings.model,
+        model=settings.name,
         weights=weights,
         engine=engine,
         preprocess=preprocess,
@@ -182,6 +202,7 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cpu_cou
         max_batch_size=settings.max_batch_size,
         batch_timeout_ms=settings.batch_timeout_ms,
         artifact=None if manifest is None else artifact_facts(settings.artifact, manifest),
+        source=settings.model,
     )
     workers = (1 if accelerator == "cpu" else devices) * settings.workers_per_device
     settings = dataclasses.replace(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from compile.model_request import ModelRequest
 from preprocessing import ImageError, PreparedBatch, Preprocessor, create_preprocessor
 from preprocessing.device_health import unusable_device
 from service.heap import HeapTrimmer
@@ -85,10 +86,10 @@ def warmup_batch_sizes(served: ServedModel, max_batch_size: int) -> list[int]:
 
 
 def load_served_model(settings: ServeSettings, device: torch.device) -> ServedModel:
-    """The artifact ``settings`` names, or the eager catalog model."""
+    """The artifact ``settings`` names, or the model of ``--model`` uncompiled."""
     if settings.artifact:
-        return load_artifact(settings.artifact, device)
-    return load_eager(settings.model, settings.weights, device)
+        return load_artifact(settings.artifact, device, settings.served_name)
+    return load_eager(ModelRequest.from_settings(settings), settings.weights, device)
 
 
 class Classifier:

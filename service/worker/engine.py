@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -11,16 +12,19 @@ import torch
 
 from compile.backends import EngineCallable, get_backend
 from compile.backends.base import use_exact_fp32
-from compile.catalog import ModelEntry, get_model_entry
+from compile.catalog import ModelEntry, entry_from_manifest
 from compile.compat import describe_problems, device_problems, version_problems
 from compile.devices import describe_device
 from compile.manifest import Manifest, read_manifest
+from compile.model_request import ModelRequest
+from compile.model_source import resolve_model
 from compile.versions import library_versions
 from compile.weights import load_model
 
 logger = logging.getLogger(__name__)
 
 ENGINE_EAGER = "torch-eager-fp32"
+ENGINE_ONNX_FILE = "onnxruntime-fp32"
 
 
 @dataclass
@@ -69,16 +73,6 @@ def set_worker_threads(device: torch.device, workers_per_device: int) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_device))
 
 
-def entry_from_manifest(manifest: Manifest) -> ModelEntry:
-    return ModelEntry(
-        name=manifest.model,
-        family=manifest.model_family,
-        preprocess=manifest.preprocess,
-        labels=manifest.labels,
-        labels_source=manifest.labels_source,
-    )
-
-
 def artifact_versions(manifest: Manifest) -> dict[str, str]:
     return library_versions(get_backend(manifest.backend).extra_versions())
 
@@ -97,14 +91,15 @@ def ensure_servable(
         raise ValueError(describe_problems(str(directory), problems))
 
 
-def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
+def load_artifact(directory: str | Path, device: torch.device, name: str = "") -> ServedModel:
+    """The engine of a compile-trt artifact, served as ``name`` (default: the manifest's name)."""
     directory = Path(directory).expanduser()
     manifest = read_manifest(directory)
     ensure_servable(manifest, directory, device.type, describe_device(device))
     backend = get_backend(manifest.backend)
     run = backend.load(directory / manifest.engine_file, manifest, device)
     return ServedModel(
-        entry=entry_from_manifest(manifest),
+        entry=dataclasses.replace(entry_from_manifest(manifest), name=name or manifest.served_name),
         engine_name=manifest.engine_name,
         run=run,
         batch_min=manifest.batch_min,
@@ -114,14 +109,28 @@ def load_artifact(directory: str | Path, device: torch.device) -> ServedModel:
     )
 
 
-def load_eager(model: str, weights: str, device: torch.device) -> ServedModel:
-    """The catalog model in eager PyTorch, IEEE fp32 as its engine name says (no TF32 on a GPU)."""
+def eager_engine_name(family: str) -> str:
+    """What an uncompiled model serves as: an ONNX file runs in ONNX Runtime, the rest in PyTorch."""
+    return ENGINE_ONNX_FILE if family == "onnx" else ENGINE_EAGER
+
+
+def load_eager(request: ModelRequest, weights: str, device: torch.device) -> ServedModel:
+    """The model ``request`` names, uncompiled: PyTorch in IEEE fp32 as its engine name says (no TF32
+    on a GPU), or an ONNX file in ONNX Runtime as it is."""
     use_exact_fp32("fp32", device)
-    entry = get_model_entry(model)
+    entry = resolve_model(request)
     loaded = load_model(entry, weights)
+    if entry.family == "onnx":
+        from compile.backends.onnx import OnnxSessionEngine, open_session
+
+        session, _ = open_session(Path(entry.model), device, torch.get_num_threads())
+        run: EngineCallable = OnnxSessionEngine(session, device)
+        return ServedModel(
+            entry, ENGINE_ONNX_FILE, run, description=f"file {entry.model}", memory_format=torch.contiguous_format
+        )
     module = loaded.module.to(device).to(memory_format=torch.channels_last)
 
-    def run(images: torch.Tensor) -> torch.Tensor:
+    def run_module(images: torch.Tensor) -> torch.Tensor:
         return module(images)
 
-    return ServedModel(entry, ENGINE_EAGER, run, description=f"weights {loaded.weights_source}")
+    return ServedModel(entry, ENGINE_EAGER, run_module, description=f"weights {loaded.weights_source}")

@@ -19,6 +19,7 @@ from benchmarks.loadgen import (
     LoadSpec,
     run_load,
 )
+from compile.model_request import ModelRequest
 from compile.sample_photos import CAT_LABELS
 from service.launcher import ServerProcess
 from service.worker.engine import load_eager
@@ -103,7 +104,7 @@ def test_per_process_script_classifies_a_real_photo(images_dir) -> None:
 
 def test_ceiling_times_the_served_model(images_dir) -> None:
     cpu = torch.device("cpu")
-    served = load_eager("efficientnet-lite0", "imagenet", cpu)
+    served = load_eager(ModelRequest("efficientnet-lite0"), "imagenet", cpu)
     record = measure_ceiling(served, read_images(images_dir)[:3], [1, 2], cpu, repeats=1)
     assert record["engine"] == "torch-eager-fp32"
     for batch in ("1", "2"):

@@ -1,0 +1,190 @@
+"""What ``--model`` names, resolved: a catalog model, a timm model, or a model file made elsewhere.
+
+``--model`` takes four forms, each with its own preprocessing and labels unless flags override them:
+
+=======================  =====================================  ==============================
+form                     preprocessing                          labels
+=======================  =====================================  ==============================
+``resnet50``             torchvision's preset of its weights    ImageNet's, or ``--labels``
+``efficientnet-lite0``   the TF reference's                     ImageNet's, or ``--labels``
+``timm:<name>``          the model's ``pretrained_cfg``         ImageNet's if it has 1,000
+                                                                classes, or ``--labels``
+``path/model.onnx``      the flags, required                    ``--labels``, required
+``path/model.pt2``       the flags, required                    ``--labels``, required
+=======================  =====================================  ==============================
+
+A labels file sets the number of classes: the architectures we build get a head of that size, and
+a model file must output that many. Flags of both commands (compile-trt and vision-serve) make a
+``ModelRequest``; ``resolve_model`` turns it into the ``ModelEntry`` everything else uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+import re
+from pathlib import Path
+
+from compile import _defaults
+from compile.catalog import ModelEntry, get_model_entry, imagenet_labels
+from compile.labels import IMAGENET_LABELS_KEYWORD, read_labels
+from compile.model_files import ModelFileFacts, model_file_format, read_model_file
+from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
+from preprocessing.spec import SUPPORTED_INTERPOLATIONS, PreprocessSpec
+
+logger = logging.getLogger(__name__)
+
+
+def model_kind(model: str) -> str:
+    """``catalog``, ``timm``, ``onnx`` or ``exported-program``."""
+    if model.startswith(_defaults.TIMM_PREFIX):
+        return "timm"
+    return model_file_format(model) or "catalog"
+
+
+def resolve_model(request: ModelRequest) -> ModelEntry:
+    """The ``ModelEntry`` of ``request``; raises ``ValueError`` (or a subclass) naming the fix."""
+    check_model_flags(request)
+    kind = model_kind(request.model)
+    facts: ModelFileFacts | None = None
+    if kind == "catalog":
+        entry = get_model_entry(request.model)
+    elif kind == "timm":
+        entry = timm_entry(request.model[len(_defaults.TIMM_PREFIX) :])
+    else:
+        facts = read_model_file(request.model)
+        entry = file_entry(request, facts)
+    if request.labels:
+        labels, source = labels_from(request.labels)
+        entry = dataclasses.replace(entry, labels=labels, labels_source=source)
+    elif not entry.labels:
+        raise ValueError(
+            f"--model {request.model} needs --labels: a text file with its {entry_classes(entry, facts)} class "
+            f"labels, one per line in output order (or '{IMAGENET_LABELS_KEYWORD}' if they are ImageNet's 1,000)."
+        )
+    overrides = request.preprocess_overrides
+    if overrides:
+        try:
+            entry = dataclasses.replace(entry, preprocess=dataclasses.replace(entry.preprocess, **overrides))
+        except ValueError as exc:
+            raise ValueError(f"The preprocessing flags do not fit together: {exc}") from None
+    if facts is not None:
+        facts.check_crop(entry.preprocess.crop_size)
+        if facts.classes != entry.num_classes:
+            raise ValueError(
+                f"--labels {request.labels} has {entry.num_classes} labels, but {facts.path} outputs {facts.classes} "
+                "classes. Give the labels file the model was trained with (one line per output, in order)."
+            )
+    if request.name:
+        entry = dataclasses.replace(entry, name=request.name)
+    return entry
+
+
+def entry_classes(entry: ModelEntry, facts: ModelFileFacts | None) -> str:
+    return str(facts.classes) if facts is not None else "N"
+
+
+def labels_from(labels: str) -> tuple[tuple[str, ...], str]:
+    """(labels, where they came from) for ``--labels``."""
+    if labels == IMAGENET_LABELS_KEYWORD:
+        return imagenet_labels(), _defaults.IMAGENET_LABELS_SOURCE
+    path = Path(labels).expanduser().resolve()
+    return read_labels(path), f"file:{path}"
+
+
+def served_name_of(text: str) -> str:
+    """A name that fits ``MODEL_NAME_PATTERN``, made from a file stem or a timm name."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:128]
+    return name or "model"
+
+
+def file_entry(request: ModelRequest, facts: ModelFileFacts) -> ModelEntry:
+    """A model file's entry: preprocessing from the flags (all of them given), labels still to come."""
+    missing = [f for f in PREPROCESS_FLAGS if not getattr(request, f)]
+    if missing:
+        flags = " ".join(f"--{f.replace('_', '-')}" for f in missing)
+        raise ValueError(
+            f"--model {request.model} is a model file made elsewhere: give the preprocessing it was trained with "
+            f"({flags} missing; e.g. --resize-size 256 --crop-size 224 --mean 0.485,0.456,0.406 --std "
+            "0.229,0.224,0.225 --interpolation bilinear). vision-serve does not assume ImageNet's."
+        )
+    overrides = request.preprocess_overrides
+    interpolation = str(overrides.get("interpolation", "bilinear"))
+    preprocess = PreprocessSpec(
+        resize_size=int(overrides["resize_size"]),  # type: ignore[arg-type]
+        crop_size=int(overrides["crop_size"]),  # type: ignore[arg-type]
+        mean=overrides["mean"],  # type: ignore[arg-type]
+        std=overrides["std"],  # type: ignore[arg-type]
+        interpolation=interpolation,
+    )
+    return ModelEntry(
+        name=served_name_of(facts.path.stem),
+        family=facts.format,
+        preprocess=preprocess,
+        labels=(),
+        labels_source="",
+        model=str(facts.path),
+    )
+
+
+def timm_entry(name: str) -> ModelEntry:
+    """A timm model's entry: the preprocessing of its ``pretrained_cfg``, translated exactly."""
+    timm = import_timm()
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join('timm:' + c for c in close)}?" if close else ""
+        raise ValueError(
+            f'timm has no model {name!r}.{hint} `python -c "import timm; print(timm.list_models())"` lists them.'
+        )
+    model = timm.create_model(name, pretrained=False)
+    config = timm.data.resolve_model_data_config(model)
+    classes = int(getattr(model, "num_classes", 0))
+    return ModelEntry(
+        name=served_name_of(name),
+        family="timm",
+        preprocess=timm_preprocess(name, config),
+        labels=imagenet_labels() if classes == len(imagenet_labels()) else (),
+        labels_source=_defaults.IMAGENET_LABELS_SOURCE if classes == len(imagenet_labels()) else "",
+        model=_defaults.TIMM_PREFIX + name,
+    )
+
+
+def timm_preprocess(name: str, config: dict) -> PreprocessSpec:
+    """timm's eval transform (``transforms_imagenet_eval``, crop mode ``center``) as a ``PreprocessSpec``:
+    resize the shorter side to ``floor(size / crop_pct)``, center-crop ``size``, normalize."""
+    _, height, width = config["input_size"]
+    crop_mode = config.get("crop_mode") or "center"
+    crop_pct = config.get("crop_pct") or _defaults.TIMM_DEFAULT_CROP_PCT
+    interpolation = config.get("interpolation") or "bilinear"
+    problems = []
+    if height != width:
+        problems.append(f"its input is {height}x{width}, not square")
+    if crop_mode != "center":
+        problems.append(f"its crop mode is {crop_mode!r}, not 'center'")
+    if interpolation not in SUPPORTED_INTERPOLATIONS:
+        problems.append(f"its interpolation is {interpolation!r}")
+    if problems:
+        raise ValueError(
+            f"timm:{name}'s preprocessing cannot be served exactly: {'; '.join(problems)}. vision-serve resizes the "
+            f"shorter side, center-crops a square and interpolates {'/'.join(SUPPORTED_INTERPOLATIONS)}; pass "
+            "--resize-size, --crop-size and --interpolation to serve it with those instead."
+        )
+    return PreprocessSpec(
+        resize_size=math.floor(height / crop_pct),
+        crop_size=height,
+        mean=tuple(config["mean"]),
+        std=tuple(config["std"]),
+        interpolation=interpolation,
+    )
+
+
+def import_timm():
+    """timm, or a ``ValueError`` saying how to install it (an optional extra)."""
+    try:
+        import timm
+        import timm.data
+    except ImportError:
+        raise ValueError("--model timm:<name> needs timm: pip install 'vision-serve[timm]'.") from None
+    return timm
