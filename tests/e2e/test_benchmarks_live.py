@@ -68,6 +68,7 @@ def test_open_loop_keeps_its_schedule_and_counts_errors_by_status(server, images
     assert summary["send_lag_ms_max"] == max(s.lag_ms for s in samples)
 
 
+@pytest.mark.slow
 def test_client_processes_split_the_load_without_losing_requests(server, images_dir) -> None:
     images = read_images(images_dir)[:2]
     # Fewer requests than processes: the extra process is dropped instead of failing on 0 requests.

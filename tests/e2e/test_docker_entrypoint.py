@@ -178,7 +178,12 @@ def test_other_commands_run_in_place_of_the_script(tmp_path: Path, launch: Calla
     ("compile_args", "code", "message"),
     [
         ("--model no-such-model --backend eager --device cpu", 2, "compile-trt rejected its arguments"),
-        (LITE0_COMPILE_ARGS + " --precision bf16 --gate-max-rel-error 0", 3, "the accuracy gate failed"),
+        pytest.param(
+            LITE0_COMPILE_ARGS + " --precision bf16 --gate-max-rel-error 0",
+            3,
+            "the accuracy gate failed",
+            marks=pytest.mark.slow,  # a bf16 AOTInductor compile
+        ),
         ("--model efficientnet-lite0 --backend tensorrt --device cpu", 4, "compile backend is not available"),
     ],
     ids=["bad-arguments", "gate-failed", "backend-unavailable"],

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import tarfile
 
+import pytest
+
 from benchmarks.gpu_session import PHASES
 
 
+@pytest.mark.slow  # the whole core phase, dry: about 100 s
 def test_the_core_phase_runs_dry_and_brings_back_every_log_and_result(tmp_path) -> None:
     results, out = tmp_path / "results", tmp_path / "out"
     command = [sys.executable, "-m", "benchmarks.gpu_session", "core", "--dry-run", "--results", str(results),

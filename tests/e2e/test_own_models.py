@@ -15,6 +15,7 @@ import sys
 import httpx
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
@@ -24,7 +25,7 @@ from service.launcher import ServerProcess, free_port
 from tests.finetuned import LABELS, FineTuned, make_finetuned
 
 SERVED_NAME = "pets"
-# Six compiles (one of them AOTInductor) and seven servers: about five minutes on 2 cores.
+# Seven compiles (one of them AOTInductor) and eight servers: about six minutes on 2 cores.
 pytestmark = pytest.mark.slow
 
 
@@ -127,22 +128,35 @@ def test_vision_serve_serves_a_model_file_without_compiling(finetuned, tmp_path)
         assert httpx.get(f"{server.url}/info", timeout=10).json()["model"]["engine"] == "onnxruntime-fp32"
 
 
-def test_a_timm_model_compiles_with_its_own_preprocessing_and_our_labels(finetuned, tmp_path) -> None:
-    """No timm weights offline: random ones, so the check is the contract (labels, preprocessing,
-    routes), not the answers' meaning."""
-    args = ["--model", "timm:mobilenetv3_small_100", "--weights", "random", "--labels", str(finetuned.labels)]
-    artifact = compiled(tmp_path / "artifact", *args)
+# (--model, served name, preprocessing): timm's pretrained_cfg (bicubic, crop_pct 0.875 of 224 -> resize
+# 256) and torchvision's preset of the architecture's default weights.
+ARCHITECTURES = [
+    ("timm:mobilenetv3_small_100", "mobilenetv3_small_100", {"resize_size": 256, "interpolation": "bicubic"}),
+    ("mobilenet_v3_small", "mobilenet_v3_small", {"resize_size": 256, "interpolation": "bilinear"}),
+]
+
+
+@pytest.mark.parametrize(("model", "name", "preprocess"), ARCHITECTURES, ids=["timm", "torchvision"])
+def test_an_architecture_gets_a_head_of_the_labels_size_from_a_weights_file(
+    finetuned, tmp_path, model, name, preprocess
+) -> None:
+    """No trained weights of these offline: a seeded state_dict of the 4-class architecture, saved as
+    a user would, so the check is the contract (head size, labels, preprocessing, routes), not the
+    answers' meaning."""
+    from compile.model_request import ModelRequest
+    from compile.model_source import resolve_model
+    from compile.weights import load_model
+
+    entry = resolve_model(ModelRequest(model, labels=str(finetuned.labels)))
+    weights = tmp_path / "weights.pt"
+    torch.save(load_model(entry, "random").module.state_dict(), weights)
+    artifact = compiled(
+        tmp_path / "artifact", "--model", model, "--weights", str(weights), "--labels", str(finetuned.labels)
+    )
     with serving(["--artifact", str(artifact)], tmp_path / "server.log") as server:
         info = httpx.get(f"{server.url}/info", timeout=10).json()["model"]
-        assert info["model"] == "mobilenetv3_small_100" and info["source"] == "timm:mobilenetv3_small_100"
-        # timm's pretrained_cfg: bicubic, crop_pct 0.875 of 224 -> resize 256.
-        assert info["preprocess_spec"] == {
-            "resize_size": 256,
-            "crop_size": 224,
-            "mean": [0.485, 0.456, 0.406],
-            "std": [0.229, 0.224, 0.225],
-            "interpolation": "bicubic",
-        }
+        assert info["model"] == name and info["source"] == model
+        assert {k: info["preprocess_spec"][k] for k in preprocess} == preprocess
         data, _ = finetuned.held_back[0]
         result = httpx.post(f"{server.url}/predict", content=data, params={"top_k": 4}, timeout=60).json()
         assert {p["label"] for p in result["predictions"]} == set(LABELS)

@@ -6,6 +6,8 @@ The full-size soak is ``python -m benchmarks.soak`` (5,000 requests at concurren
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.soak import DEFAULT_MAX_RSS_GROWTH_PCT, Outcome, ProcessMemory, SoakReport, format_report, run_soak
 from service.launcher import ServerProcess
 
@@ -44,6 +46,7 @@ def test_failures_name_every_kind_of_problem() -> None:
     assert _report(outcomes[:2], memory[1:]).failures() == []
 
 
+@pytest.mark.slow
 def test_short_soak_loses_nothing_and_memory_stays_flat(tmp_path) -> None:
     with ServerProcess(LITE, log_path=tmp_path / "server.log") as server:
         report = run_soak(

@@ -73,6 +73,7 @@ def test_fp32_artifact_manifest_records_what_was_built(fp32_artifact) -> None:
     assert sorted(p.name for p in fp32_artifact.parent.iterdir()) == [f".{fp32_artifact.name}.lock", fp32_artifact.name]
 
 
+@pytest.mark.slow  # the bf16 AOTInductor compile: about 100 s
 def test_bf16_artifact_passes_its_gate_and_keeps_the_labels(bf16_artifact) -> None:
     manifest = read_manifest(bf16_artifact)
     metrics = manifest.validation["metrics"]
@@ -91,7 +92,7 @@ def test_repeated_compile_is_a_cache_hit(fp32_artifact, capsys) -> None:
     assert (engine.stat().st_mtime_ns, (fp32_artifact / "manifest.json").read_text()) == before
 
 
-@pytest.mark.parametrize("which", ["fp32_artifact", "bf16_artifact"])
+@pytest.mark.parametrize("which", ["fp32_artifact", pytest.param("bf16_artifact", marks=pytest.mark.slow)])
 def test_served_artifact_classifies_chelsea_as_a_cat(which, request, chelsea_jpeg, coffee_jpeg, tmp_path) -> None:
     artifact = request.getfixturevalue(which)
     manifest = read_manifest(artifact)
@@ -131,6 +132,7 @@ def test_loaded_engine_pads_and_splits_batches_outside_its_range(fp32_artifact, 
         torch.testing.assert_close(served(nchw), single.expand(4, -1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_gate_failure_exits_nonzero_and_keeps_the_previous_artifact(fp32_artifact, tmp_path, capsys) -> None:
     """bf16 held to fp32-grade thresholds must fail, and must not replace what --output held."""
     output = tmp_path / "artifact"
@@ -145,6 +147,7 @@ def test_gate_failure_exits_nonzero_and_keeps_the_previous_artifact(fp32_artifac
     assert sorted(p.name for p in tmp_path.iterdir()) == [".artifact.lock", "artifact"]
 
 
+@pytest.mark.slow
 def test_gate_failure_leaves_no_artifact(tmp_path, capsys) -> None:
     output = tmp_path / "new"
     args = [*LITE, "--backend", "eager", "--precision", "bf16", "--output", str(output)]
