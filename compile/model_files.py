@@ -8,6 +8,7 @@ does not fit is refused with the reason and what to change in the export.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +64,20 @@ def model_file_format(model: str) -> str | None:
 
 
 def read_model_file(model: str) -> ModelFileFacts:
-    """The facts of the model file ``model``; raises ``ModelFileError`` if it cannot be served."""
+    """The facts of the model file ``model``; raises ``ModelFileError`` if it cannot be served.
+
+    Reading a .pt2 loads the whole program: the facts are kept per file version (path, size, mtime),
+    so that resolving the model and checking it against --batch read it once."""
     path = Path(model).expanduser().resolve()
     if not path.is_file():
         raise ModelFileError(f"--model {model}: file not found.")
-    if model_file_format(model) == "onnx":
+    stat = path.stat()
+    return _read_model_file(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_model_file(path: Path, size: int, mtime_ns: int) -> ModelFileFacts:
+    if model_file_format(str(path)) == "onnx":
         return _read_onnx(path)
     return _read_exported_program(path)
 
@@ -106,6 +116,20 @@ def _show(shape: list) -> str:
     return "[" + ", ".join("N" if s is None else str(s) for s in shape) + "]"
 
 
+def onnx_graph_inputs(graph) -> list:
+    """The graph's real inputs: older exporters also list every initializer (weight) as an input."""
+    initializers = {i.name for i in graph.initializer}
+    return [i for i in graph.input if i.name not in initializers]
+
+
+def onnx_io_names(path: Path) -> tuple[str, str]:
+    """The input and output names of the ONNX file at ``path``: ours, or those of a file made elsewhere."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return onnx_graph_inputs(graph)[0].name, graph.output[0].name
+
+
 def _read_onnx(path: Path) -> ModelFileFacts:
     try:
         import onnx
@@ -118,8 +142,7 @@ def _read_onnx(path: Path) -> ModelFileFacts:
     except Exception as exc:  # protobuf's DecodeError, OSError...
         raise ModelFileError(f"Could not read {path} as an ONNX model ({str(exc)[:300]}).") from None
     graph = model.graph
-    initializers = {i.name for i in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
+    inputs = onnx_graph_inputs(graph)
     if len(inputs) != 1 or len(graph.output) != 1:
         raise ModelFileError(
             f"{path} has {len(inputs)} inputs and {len(graph.output)} outputs; vision-serve serves classifiers "

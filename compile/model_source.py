@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import logging
 import math
 import re
 from pathlib import Path
@@ -33,8 +32,6 @@ from compile.labels import IMAGENET_LABELS_KEYWORD, read_labels
 from compile.model_files import ModelFileFacts, model_file_format, read_model_file
 from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
 from preprocessing.spec import SUPPORTED_INTERPOLATIONS, PreprocessSpec
-
-logger = logging.getLogger(__name__)
 
 
 def model_kind(model: str) -> str:
@@ -61,7 +58,7 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
         entry = dataclasses.replace(entry, labels=labels, labels_source=source)
     elif not entry.labels:
         raise ValueError(
-            f"--model {request.model} needs --labels: a text file with its {entry_classes(entry, facts)} class "
+            f"--model {request.model} needs --labels: a text file with its {facts.classes if facts else 'N'} class "
             f"labels, one per line in output order (or '{IMAGENET_LABELS_KEYWORD}' if they are ImageNet's 1,000)."
         )
     overrides = request.preprocess_overrides
@@ -80,10 +77,6 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
     if request.name:
         entry = dataclasses.replace(entry, name=request.name)
     return entry
-
-
-def entry_classes(entry: ModelEntry, facts: ModelFileFacts | None) -> str:
-    return str(facts.classes) if facts is not None else "N"
 
 
 def labels_from(labels: str) -> tuple[tuple[str, ...], str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from compile import _defaults
 from compile.manifest import Manifest
+from compile.model_files import onnx_io_names
 from preprocessing.dali_triton import TRITON_DALI_INPUT, TRITON_DALI_OUTPUT, build_triton_pipeline
 
 logger = logging.getLogger(__name__)
@@ -52,16 +53,6 @@ class RepositoryModels:
     @classmethod
     def for_model(cls, model: str) -> RepositoryModels:
         return cls(ensemble=model, preprocess=f"{model}-preprocess", classifier=f"{model}-onnx")
-
-
-def onnx_io_names(path: Path) -> tuple[str, str]:
-    """The input and output names of the ONNX file at ``path``: ours, or those of a file made elsewhere."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    inputs = [i.name for i in graph.input if i.name not in initializers]
-    return inputs[0], graph.output[0].name
 
 
 def check_exportable(manifest_backend: str, batch: tuple[int, int, int]) -> None:
