@@ -38,10 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format)
     adopt_library_loggers()
     try:
-        plan = start_planning(settings).result()
+        plans = start_planning(settings).result()
     except ValueError as exc:
         parser.error(str(exc))
-    return serve(build_server(plan, NOOP_CLASSIFIER))
+    return serve(build_server(plans, model=NOOP_CLASSIFIER))
 
 
 if __name__ == "__main__":

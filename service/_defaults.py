@@ -72,6 +72,21 @@ MAX_ERROR_MESSAGE_CHARS = 1000
 # no key. /health and /ready stay open for orchestrator probes.
 API_KEY = ""
 
+# A model repository (service/repository/layout.py): DIR/<name>/<version>/ artifacts; empty: serve
+# the one --model or --artifact.
+MODEL_REPOSITORY = ""
+# "none": serve what the repository holds at start; "explicit": also Triton's load/unload API.
+MODEL_CONTROL = "none"
+MODEL_CONTROL_MODES = ("none", "explicit")
+# The model /predict serves without ?model=; empty: the only model, if there is one.
+DEFAULT_MODEL = ""
+# The key of the repository API (load, unload, index): separate from API_KEY, and required with
+# --model-control explicit.
+ADMIN_API_KEY = ""
+# Longest a load may take, from the call to a new version's workers all warm; then it fails and the
+# old version keeps serving.
+LOAD_TIMEOUT_S = 300.0
+
 CLIENT_URL = "http://127.0.0.1:8000"
 CLIENT_TIMEOUT_S = 60.0
 CLIENT_CONCURRENCY = 8

@@ -54,6 +54,16 @@ _HELP = {
     "request's first byte; slower ones get 408 and the connection closes",
     "body_timeout_s": "seconds a request's body may take to arrive after its headers; slower ones get 408",
     "keep_alive_timeout_s": "seconds an idle kept-alive connection stays open between requests",
+    "model_repository": "a model repository: DIR/<name>/<version>/ compile-trt artifacts, with an optional "
+    "DIR/<name>/config.toml each (docs/model-repository.md); serves every model there",
+    "model_control": "none (serve what the repository holds at start) or explicit (also Triton's repository "
+    "API: POST /v2/repository/index, /v2/repository/models/NAME/load and /unload)",
+    "default_model": "the model /predict classifies with when the request names none (?model=NAME); default: "
+    "the only model",
+    "load_timeout_s": "longest a model load may take until its workers are warm; then it fails and the old "
+    "version keeps serving",
+    "admin_api_key": "key of the repository API (X-API-Key or Authorization: Bearer); required with "
+    "--model-control explicit, and different from --api-key",
     "api_key": "key clients must send as X-API-Key or Authorization: Bearer to /predict and /info; prefer "
     "the env variable, since flags show in ps",
 }
@@ -119,14 +129,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     adopt_library_loggers()  # importing litserve gave its logger a handler of its own
     try:
-        plan = planning.result()
+        plans = planning.result()
+        names = {plan.name for plan in plans}
+        if settings.default_model and settings.default_model not in names:
+            raise ValueError(
+                f"--default-model {settings.default_model}: no such model in the repository (models: "
+                f"{', '.join(sorted(names)) or 'none'})."
+            )
+        # A repository server keeps its own settings (loads plan from them); a one-model server
+        # serves its plan's, with what the artifact and the machine decided.
+        server = build_server(plans, settings if settings.model_repository else None)
     except ValueError as exc:
         parser.error(str(exc))
-    if plan.settings.artifact:  # AOTInductor CUDA packages need it in the workers that load them
+    artifacts = [plan.plan.settings for plan in plans if plan.plan.settings.artifact]
+    if artifacts:  # AOTInductor CUDA packages need it in the workers that load them
         from compile.libstdcxx import preload_for_children
 
-        preload_for_children(plan.settings.device)
-    return serve(build_server(plan))
+        preload_for_children(artifacts[0].device)
+    return serve(server)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import multiprocessing as mp
 import time
 from collections.abc import AsyncIterator, Callable
 from multiprocessing.process import BaseProcess
@@ -20,6 +21,7 @@ from typing import Any
 
 import litserve as ls
 from fastapi import FastAPI
+from litserve.loops import inference_worker
 from litserve.loops.base import DefaultLoop
 from litserve.utils import WorkerSetupStatus
 
@@ -84,10 +86,10 @@ class LitServerBridge(ls.LitServer):
     """``ls.LitServer`` with its internal hooks turned into the methods below.
 
     Subclasses implement ``register_routes`` (every route of the app), ``http_process`` (an async
-    context around each HTTP process's life, with its index), ``before_http_processes`` and
-    ``start_worker_monitor``; they may call ``request_stop``, ``worker_states``,
-    ``relaunch_worker`` and read ``lit_api`` (LitServer's own attribute), ``worker_processes``,
-    ``worker_count`` and ``stop_requested``.
+    context around each HTTP process's life, with its index), ``before_http_processes``,
+    ``launch_workers`` and ``start_worker_monitor``; they may call ``request_stop``,
+    ``worker_states``, ``spawn_worker``, ``set_worker_state``, ``device_slots`` and read
+    ``lit_api`` (LitServer's own attribute) and ``stop_requested``.
     """
 
     stop_requested = False
@@ -104,30 +106,52 @@ class LitServerBridge(ls.LitServer):
         """In the main process, after the workers started and before the HTTP processes fork."""
 
     def start_worker_monitor(self) -> None:
-        """In the main process, once a worker is ready; should watch ``worker_processes``."""
+        """In the main process, once a worker is ready; should watch the workers it launched."""
 
     # -- what subclasses use ---------------------------------------------------------------------
-    @property
-    def worker_count(self) -> int:
-        """Inference worker processes: devices x workers per device."""
-        return len(self._inference_workers_config_for_api(self.lit_api.api_path))
-
-    @property
-    def worker_processes(self) -> list[BaseProcess]:
-        """The inference worker processes, by worker id; ``relaunch_worker`` replaces entries."""
-        return self.inference_workers
-
     def worker_states(self) -> dict[int, str]:
         """Worker id -> ``STARTING``, ``READY`` or ``ERROR`` (one round trip to the manager)."""
         return {worker_id_of(key): state for key, state in self.workers_setup_status.copy().items()}
 
-    def worker_state(self, worker_id: int) -> str | None:
-        endpoint = self.lit_api.api_path.split("/")[-1]
-        return self.workers_setup_status.get(f"{endpoint}_{worker_id}")
+    def spawn_worker(self, lit_api: ls.LitAPI, worker_id: int, device: object) -> BaseProcess:
+        """Start an inference worker for ``lit_api`` on ``device`` (``"cpu"``, ``"cuda:0"``) as
+        LitServe starts its own (``launch_single_inference_worker``), with a worker id and a LitAPI
+        of the caller's choice: models loaded after launch get workers of their own. Its state is
+        STARTING until its ``setup`` returns."""
+        self.set_worker_state(worker_id, STARTING)
+        process = mp.get_context("spawn").Process(
+            target=inference_worker,
+            args=(
+                lit_api,
+                device,
+                worker_id,
+                self._get_request_queue(self.lit_api.api_path),
+                self._transport,
+                self.workers_setup_status,
+                self._callback_runner,
+                self.restart_workers,
+            ),
+            name="inference-worker",
+        )
+        process.start()
+        return process
 
-    def relaunch_worker(self, worker_id: int) -> BaseProcess:
-        """Start a new worker in the dead one's place; its state is STARTING until it is ready."""
-        return self.launch_single_inference_worker(self.lit_api, worker_id)
+    def set_worker_state(self, worker_id: int, state: str | None) -> None:
+        """Set a worker's setup state; ``None`` removes it (the worker is gone for good)."""
+        key = f"{self.lit_api.api_path.split('/')[-1]}_{worker_id}"
+        if state is None:
+            self.workers_setup_status.pop(key, None)
+        else:
+            self.workers_setup_status[key] = state
+
+    def device_slots(self, workers_per_device: int) -> list[object]:
+        """One device per worker, as LitServe lays them out: each device, ``workers_per_device`` times."""
+        return [group[0] if len(group) == 1 else group for group in self.devices] * workers_per_device
+
+    def launch_workers(self) -> list[BaseProcess]:
+        """In the main process, when LitServe would start its workers: start them, return them.
+        By default, LitServe's own workers for ``lit_api``."""
+        return ls.LitServer.launch_inference_worker(self, self.lit_api)
 
     def request_stop(self, start_thread: Callable[[Callable[[], None]], None]) -> None:
         """Take LitServe's graceful shutdown path (its /shutdown endpoint's): uvicorn stops accepting
@@ -181,6 +205,9 @@ class LitServerBridge(ls.LitServer):
     def _start_worker_monitoring(self, manager: object, uvicorn_workers: object) -> None:
         self.start_worker_monitor()
 
+    def launch_inference_worker(self, lit_api: ls.LitAPI) -> list[BaseProcess]:
+        return self.launch_workers()
+
 
 class _AppWithFastRoutes(FastAPI):
     """A FastAPI app that answers a few (method, path) pairs with plain ASGI handlers, ahead of its
@@ -188,10 +215,14 @@ class _AppWithFastRoutes(FastAPI):
     Every other request takes FastAPI's path."""
 
     fast_routes: dict[tuple[str, str], Callable[..., Any]]
+    fast_patterns: list[tuple[str, Callable[[str], bool], Callable[..., Any]]]
 
     async def __call__(self, scope: dict, receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] == "http":
-            handler = self.fast_routes.get((scope["method"], scope["path"]))
+            method, path = scope["method"], scope["path"]
+            handler = self.fast_routes.get((method, path))
+            if handler is None:
+                handler = next((h for m, matches, h in self.fast_patterns if m == method and matches(path)), None)
             if handler is not None:
                 await handler(scope, receive, send)
                 return
@@ -204,7 +235,19 @@ def add_fast_route(app: FastAPI, method: str, path: str, handler: Callable[..., 
     LitServe builds the app (``LitServer.app``) and hands each HTTP process a shallow copy of it
     (``_start_server``); turning the instance into a subclass keeps both its routes and that copy.
     """
+    _with_fast_routes(app).fast_routes[(method, path)] = handler
+
+
+def add_fast_pattern_route(
+    app: FastAPI, method: str, matches: Callable[[str], bool], handler: Callable[..., Any]
+) -> None:
+    """``add_fast_route`` for every path ``matches`` accepts (the OIP infer path of any model name)."""
+    _with_fast_routes(app).fast_patterns.append((method, matches, handler))
+
+
+def _with_fast_routes(app: FastAPI) -> _AppWithFastRoutes:
     if not isinstance(app, _AppWithFastRoutes):
         app.__class__ = _AppWithFastRoutes
         app.fast_routes = {}
-    app.fast_routes[(method, path)] = handler
+        app.fast_patterns = []
+    return app

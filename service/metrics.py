@@ -16,13 +16,14 @@ process gives the same answer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,8 @@ METRIC_NAMES = tuple(
         "gpu_memory_used_bytes",
         "gpu_memory_total_bytes",
         "build_info",
+        "model_ready",
+        "model_images_total",
     )
 )
 
@@ -112,6 +115,7 @@ class Metrics:
     images: Any
     requests_expired: Any
     worker_restarts: Any
+    model_images: Any
     gpu_memory_used: Any
     gpu_memory_total: Any
     registry: Any  # this process's own values: what /metrics shows without multiprocess mode
@@ -124,6 +128,14 @@ class Metrics:
     def _stage(self, stage: str) -> Any:
         # labels() takes a lock and builds a key on every call; the children never change.
         return self.stage_duration.labels(stage=stage)
+
+    def count_model_answers(self, model: str, version: int, codes: Iterable[int]) -> None:
+        for code, count in collections.Counter(codes).items():
+            self._model_images(model, version, code).inc(count)
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - one Metrics per process, kept for its life
+    def _model_images(self, model: str, version: int, code: int) -> Any:
+        return self.model_images.labels(model=model, version=str(version), code=str(code))
 
     def observe_batch(self, images: int) -> None:
         self.batch_size.observe(images)
@@ -167,6 +179,12 @@ def metrics() -> Metrics:
             **common,
         ),
         worker_restarts=Counter(PREFIX + "worker_restarts", "Inference workers restarted after they died.", **common),
+        model_images=Counter(
+            PREFIX + "model_images",
+            "Images answered by each model version, by status code (a request of N images counts N).",
+            ["model", "version", "code"],
+            **common,
+        ),
         # livemax: every worker on a GPU sees the same device-wide value; a dead worker's stops counting.
         gpu_memory_used=Gauge(
             PREFIX + "gpu_memory_used_bytes",
@@ -222,7 +240,8 @@ class LiveState:
     in_flight: Callable[[], int]
     in_flight_limit: int
     worker_states: Callable[[], Mapping[str, str]]
-    build_info: Mapping[str, str]
+    build_info: Callable[[], Mapping[str, str]]
+    models: Callable[[], list[tuple[str, str, bool]]]  # (model, version, ready) of each served version
 
 
 class LiveStateCollector:
@@ -254,11 +273,20 @@ class LiveStateCollector:
         for name, count in sorted(counts.items()):
             workers.add_metric([name], count)
         yield workers
+        build_info = state.build_info()
         info = GaugeMetricFamily(
-            PREFIX + "build_info", "What this server runs (always 1).", labels=list(state.build_info)
+            PREFIX + "build_info", "What this server runs, its default model's (always 1).", labels=list(build_info)
         )
-        info.add_metric(list(state.build_info.values()), 1)
+        info.add_metric(list(build_info.values()), 1)
         yield info
+        models = GaugeMetricFamily(
+            PREFIX + "model_ready",
+            "Each served model version: 1 when all its workers are ready, else 0.",
+            labels=["model", "version"],
+        )
+        for name, version, ready in state.models():
+            models.add_metric([name, version], 1 if ready else 0)
+        yield models
 
 
 def _gauge(name: str, documentation: str, value: float) -> Any:

@@ -64,8 +64,13 @@ class ServeSettings:
     header_timeout_s: float = _defaults.HEADER_TIMEOUT_S
     body_timeout_s: float = _defaults.BODY_TIMEOUT_S
     keep_alive_timeout_s: float = _defaults.KEEP_ALIVE_TIMEOUT_S
-    # A secret: kept out of repr() (and so out of logs and tracebacks) and out of as_dict().
+    model_repository: str = _defaults.MODEL_REPOSITORY
+    model_control: str = _defaults.MODEL_CONTROL
+    default_model: str = _defaults.DEFAULT_MODEL
+    load_timeout_s: float = _defaults.LOAD_TIMEOUT_S
+    # Secrets: kept out of repr() (and so out of logs and tracebacks) and out of as_dict().
     api_key: str = field(default=_defaults.API_KEY, repr=False)
+    admin_api_key: str = field(default=_defaults.ADMIN_API_KEY, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -124,10 +129,47 @@ class ServeSettings:
                 f"--request-timeout-s {self.request_timeout_s} must be longer than --batch-timeout-ms "
                 f"{self.batch_timeout_ms} (the wait for a batch to fill), or every request would time out."
             )
-        if self.api_key != self.api_key.strip() or not (self.api_key.isascii() and self.api_key.isprintable()):
+        for name in ("api_key", "admin_api_key"):
+            key = getattr(self, name)
+            if key != key.strip() or not (key.isascii() and key.isprintable()):
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be printable ASCII without spaces at its ends: HTTP headers "
+                    "carry nothing else reliably."
+                )
+        self._check_repository()
+
+    def _check_repository(self) -> None:
+        if self.model_control not in _defaults.MODEL_CONTROL_MODES:
             raise ValueError(
-                "--api-key must be printable ASCII without spaces at its ends: HTTP headers carry nothing else "
-                "reliably."
+                f"--model-control must be none (serve what the repository holds at start) or explicit (also "
+                f"Triton's load/unload API), got {self.model_control!r}."
+            )
+        if not math.isfinite(self.load_timeout_s) or self.load_timeout_s <= 0:
+            raise ValueError(f"--load-timeout-s must be a number of seconds > 0, got {self.load_timeout_s}.")
+        if self.admin_api_key and self.admin_api_key == self.api_key:
+            raise ValueError(
+                "--admin-api-key must differ from --api-key: a client that may classify must not be able to load "
+                "or unload models."
+            )
+        if self.model_control == "explicit" and not self.model_repository:
+            raise ValueError("--model-control explicit needs --model-repository DIR: the models it loads live there.")
+        if not self.model_repository:
+            return
+        given = [
+            flag
+            for flag, value, default in (
+                ("--artifact", self.artifact, _defaults.ARTIFACT),
+                ("--model", self.model, _defaults.MODEL),
+                ("--weights", self.weights, _defaults.WEIGHTS),
+                ("--labels", self.labels, ""),
+                ("--name", self.name, ""),
+            )
+            if value != default
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: with --model-repository each model's artifact decides these, and its folder "
+                "name is its served name. Drop the flags, or serve one model without --model-repository."
             )
 
     @property
@@ -138,7 +180,8 @@ class ServeSettings:
     def as_dict(self) -> dict:
         """The settings without the API key, safe to log or show."""
         values = asdict(self)
-        values["api_key"] = "(set)" if self.api_key else ""
+        for name in ("api_key", "admin_api_key"):
+            values[name] = "(set)" if values[name] else ""
         return values
 
 
@@ -249,6 +292,7 @@ def resolve_settings(
             sources[name] = source(name)
     try:
         settings = ServeSettings(**values)
+        check_admin_key(settings)
     except ValueError as exc:
         # The checks name the flag; say where a value that is not a flag came from.
         from_elsewhere = sorted({s for s in sources.values() if s != "default" and not s.startswith("flag")})
@@ -256,6 +300,16 @@ def resolve_settings(
             raise ValueError(f"{exc} (values set by: {', '.join(from_elsewhere)})") from None
         raise
     return ResolvedSettings(settings, sources)
+
+
+def check_admin_key(settings: ServeSettings) -> None:
+    """A server started with --model-control explicit must have an admin key. (Checked where a user's
+    settings are resolved: the plans that cross to other processes carry no keys at all.)"""
+    if settings.model_control == "explicit" and not settings.admin_api_key:
+        raise ValueError(
+            "--model-control explicit needs --admin-api-key (or VISION_SERVE_ADMIN_API_KEY): the load and unload "
+            "calls change what the server serves, and are never open without a key of their own."
+        )
 
 
 def toml_value(value: object) -> str:
@@ -273,9 +327,9 @@ def render_config(resolved: ResolvedSettings) -> str:
     rows = []
     for name, value in asdict(resolved.settings).items():
         source = resolved.sources[name]
-        if name == "api_key":
+        if name in ("api_key", "admin_api_key"):
             state = "set" if value else "not set"
-            rows.append((f"# api_key = ... ({state}; never printed)", source))
+            rows.append((f"# {name} = ... ({state}; never printed)", source))
             continue
         rows.append((f"{name} = {toml_value(value)}", source))
     width = max(len(text) for text, _ in rows)

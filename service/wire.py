@@ -63,6 +63,10 @@ class RequestBatch(NamedTuple):
     api_server: int  # the HTTP process that waits for the answers
     uids: list[int]  # each unique within that HTTP process
     requests: list[ImageRequest]
+    # The last message this HTTP process sends the worker: its version was replaced or unloaded
+    # (service/repository/table.py). A worker that has one from every HTTP process and has answered
+    # everything before them exits.
+    final: bool = False
 
 
 class QueuedRequest(NamedTuple):

@@ -18,10 +18,12 @@ from service.errors import ServiceError
 class ApiKeyAuth:
     """A FastAPI dependency: passes when the request carries the key, raises ``ServiceError`` 401 otherwise."""
 
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, what: str = "API key") -> None:
+        """``what``: the key's name in the 401's message."""
         if not api_key:
             raise ValueError("ApiKeyAuth needs a non-empty key; leave the dependency out to serve without one.")
         self._key = api_key.encode()
+        self._what = what
 
     @staticmethod
     def supplied_key(headers: "Mapping[str, str]") -> "str | None":
@@ -42,5 +44,5 @@ class ApiKeyAuth:
         if not self.matches(self.supplied_key(request.headers)):
             # A 401 carries WWW-Authenticate: Bearer in every HTTP protocol (service/errors.py).
             raise ServiceError(
-                401, "Missing or wrong API key. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'."
+                401, f"Missing or wrong {self._what}. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'."
             )

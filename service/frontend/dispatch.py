@@ -20,6 +20,7 @@ from service.frontend.admission import AdmissionGate
 from service.frontend.worker_watch import WorkerWatch
 from service.logs import REQUEST_ID
 from service.metrics import metrics
+from service.repository.table import VersionRoute
 from service.transport.channels import ApiChannel
 from service.wire import Answer, ImageRequest, answer_for, error_answer
 
@@ -62,15 +63,29 @@ class ImageDispatcher:
     def detach(self) -> None:
         self.channel = self.watch = None
 
-    async def classify(self, images: Sequence[bytes], top_k: int) -> tuple[list[Answer], float]:
+    def route(self, model: str | None, version: str | None = None) -> VersionRoute:
+        """The served version a request names (``None``: the default model, its latest version);
+        ``ServiceError`` 404 when it is not loaded, 503 before this process follows a table."""
+        watch = self.watch
+        if watch is None:
+            raise ServiceError.retry_later("The server is starting; retry shortly.")
+        return watch.table.resolve(model, version)
+
+    async def classify(
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute | None = None
+    ) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order, and the milliseconds from admission to the last one.
 
+        ``route``: the model version to run (``None``: any ready worker, for a one-model server).
         Raises ``ServiceError`` 503 (retry later) when no worker is ready or the images do not fit
         under ``--max-queue`` now, 413 if they never could; an image without an answer by the deadline
         gets a 504 ``Answer``.
         """
         channel, watch = self.channel, self.watch
-        ready = () if watch is None or channel is None else watch.ready_workers
+        if watch is None or channel is None:
+            ready = ()
+        else:
+            ready = watch.ready_workers if route is None else watch.ready_in(route)
         if not ready:
             raise ServiceError.retry_later(
                 "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
@@ -87,9 +102,12 @@ class ImageDispatcher:
                 f"{RETRY_AFTER_S} s."
             )
         try:
-            return await self._send_and_wait(channel, ready, images, top_k)
+            answers, total_ms = await self._send_and_wait(channel, ready, images, top_k)
         finally:
             self.gate.release(len(images))
+        if route is not None:
+            metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))
+        return answers, total_ms
 
     async def _send_and_wait(
         self, channel: ApiChannel, ready: Sequence[int], images: Sequence[bytes], top_k: int

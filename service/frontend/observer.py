@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse
 from service.errors import CLIENT_CLOSED_REQUEST
 from service.logs import REQUEST_ID
 from service.metrics import metrics
+from service.oip.paths import is_infer_path
 
 access_logger = logging.getLogger("service.access")
 
@@ -108,7 +109,7 @@ class HttpObserver:
             self._log(scope, path, code, started)
 
     def _count(self, path: str, code: str) -> None:
-        if path in self.counted_paths:
+        if path in self.counted_paths or is_infer_path(path):
             metrics().requests.labels(code=code).inc()
 
     @staticmethod

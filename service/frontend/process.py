@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, MutableSequence, Sequence
 
+from service.errors import ServiceError
 from service.frontend.admission import AdmissionGate
 from service.frontend.dispatch import ImageDispatcher
 from service.frontend.http_common import RequestLimits
 from service.frontend.worker_watch import WorkerWatch
 from service.metrics import LiveState, LiveStateCollector
 from service.model_info import ModelInfo
+from service.repository.calls import RepositoryCalls
+from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.settings import ServeSettings
 from service.transport.channels import ApiChannel, ChannelConfig
 
@@ -35,14 +38,15 @@ class HttpFrontEnd:
     def __init__(
         self,
         settings: ServeSettings,
-        model: ModelInfo,
         channels: ChannelConfig,
         read_worker_states: Callable[[], dict[int, str]],
         running_batches: Sequence[int],
+        table_acks: MutableSequence[int],
         server_version: str,
     ) -> None:
+        """``table_acks``: per HTTP process, the routing table generation it follows."""
         self.settings = settings
-        self.model = model
+        self.table_acks = table_acks
         self.channels = channels
         self.read_worker_states = read_worker_states
         self.running_batches = running_batches
@@ -57,7 +61,9 @@ class HttpFrontEnd:
     async def running(self, api_server: int) -> AsyncIterator[None]:
         """This HTTP process's channel, worker watch and gRPC server, for the life of the process."""
         channel = ApiChannel(self.channels, api_server)
-        watch = WorkerWatch(self.read_worker_states, channel)
+        watch = WorkerWatch(
+            self.read_worker_states, channel, table_file=TableFile(self.channels.directory), acks=self.table_acks
+        )
         watch.refresh()
         self.watch = watch
         self.dispatcher.attach(channel, watch)
@@ -87,17 +93,39 @@ class HttpFrontEnd:
         servicer = InferenceServicer(
             self.dispatcher,
             self.limits,
-            model=settings.served_name,
-            engine=self.model.engine,
             ready=self.ready,
+            model_ready=self.model_ready,
             server_version=self.server_version,
             api_key=settings.api_key,
+            admin_api_key=settings.admin_api_key,
+            repository=self.repository_calls(),
         )
         return await start_grpc_server(servicer, settings.host, settings.grpc_port, settings.max_body_bytes)
 
     def ready(self) -> bool:
-        """Every inference worker has loaded its model and warmed up (this HTTP process's view)."""
+        """Every served model version's workers have loaded and warmed up (this HTTP process's view)."""
         return self.watch is not None and self.watch.ready
+
+    def model_ready(self, route: VersionRoute) -> bool:
+        """Every worker of one model version is ready."""
+        return self.watch is not None and len(self.watch.ready_in(route)) == len(route.workers)
+
+    def table(self) -> RoutingTable:
+        return self.watch.table if self.watch is not None else RoutingTable()
+
+    def default_model(self) -> ModelInfo | None:
+        """What ``/info``'s ``model`` shows: the default model's latest version, if there is one."""
+        table = self.table()
+        try:
+            return table.resolve(None).model
+        except ServiceError:
+            return None
+
+    def repository_calls(self) -> RepositoryCalls | None:
+        """The repository API's calls to the main process; ``None`` unless --model-control explicit."""
+        if self.settings.model_control != "explicit":
+            return None
+        return RepositoryCalls(self.channels.directory, self.settings.load_timeout_s)
 
     def worker_states(self) -> dict[str, str]:
         """``{"worker_0": "ready", ...}``: for /ready and the workers gauge."""
@@ -119,13 +147,22 @@ class HttpFrontEnd:
                     in_flight=self.in_flight,
                     in_flight_limit=self.settings.max_queue,
                     worker_states=self.worker_states,
-                    build_info={
-                        "version": self.server_version,
-                        "model": self.model.model,
-                        "engine": self.model.engine,
-                        "preprocess": self.model.preprocess,
-                        "device": self.model.device,
-                    },
+                    build_info=self.build_info,
+                    models=self.model_states,
                 )
             )
         return self._live_metrics
+
+    def build_info(self) -> dict[str, str]:
+        model = self.default_model()
+        return {
+            "version": self.server_version,
+            "model": model.model if model else "",
+            "engine": model.engine if model else "",
+            "preprocess": model.preprocess if model else "",
+            "device": model.device if model else "",
+        }
+
+    def model_states(self) -> list[tuple[str, str, bool]]:
+        """(model, version, ready) of every served version: the model_ready gauge."""
+        return [(r.name, str(r.version), self.model_ready(r)) for r in self.table().routes()]

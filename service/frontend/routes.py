@@ -3,8 +3,10 @@
 - ``POST /predict`` (service/rest/predict.py) and the Open Inference Protocol's infer paths
   (service/oip/rest.py) answer from plain ASGI handlers ahead of FastAPI's stack; FastAPI routes of
   the same paths document them in /docs and answer the same way.
-- ``/health`` (alive), ``/ready`` (every worker loaded and warmed) and ``/metrics`` (Prometheus)
-  answer without a key; with ``--api-key``, ``/predict``, ``/info`` and the OIP metadata need it.
+- ``/health`` (alive), ``/ready`` (every served model version loaded and warmed) and ``/metrics``
+  (Prometheus) answer without a key; with ``--api-key``, ``/predict``, ``/info`` and the OIP
+  metadata need it.
+- ``/v2/repository/...`` (Triton's repository extension, service/oip/repository.py) needs the admin key.
 - ``GET /`` is the upload page.
 """
 
@@ -17,10 +19,12 @@ from service.errors import ServiceError
 from service.frontend.auth import ApiKeyAuth
 from service.frontend.observer import HttpObserver
 from service.frontend.process import HttpFrontEnd
-from service.litserve_bridge import add_fast_route
+from service.litserve_bridge import add_fast_pattern_route, add_fast_route
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.metrics import exposition
-from service.oip.rest import OipInferEndpoint, add_oip_routes, infer_paths
+from service.oip.paths import is_infer_path
+from service.oip.repository import add_repository_routes
+from service.oip.rest import OipInferEndpoint, add_oip_routes
 from service.rest.predict import OPENAPI_EXTRA, PredictEndpoint
 from service.rest.render import handle_service_error
 from service.rest.upload_page import upload_page
@@ -31,7 +35,6 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
     settings = frontend.settings
     check_auth = ApiKeyAuth(settings.api_key) if settings.api_key else None
     auth_dependencies = [Depends(check_auth)] if check_auth else []
-    inference_paths = [api_path, *infer_paths(settings.served_name)]
     app.add_exception_handler(ServiceError, handle_service_error)
 
     @app.get("/", include_in_schema=False)
@@ -46,7 +49,7 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
 
     @app.get("/ready", responses={503: {"description": "a worker is starting or restarting"}})
     async def ready() -> JSONResponse:
-        """Readiness: every inference worker has loaded its model and finished warm-up."""
+        """Readiness: every served model version's workers have loaded it and finished warm-up."""
         is_ready = frontend.ready()
         return JSONResponse(
             {"ready": is_ready, "workers": frontend.worker_states()}, status_code=200 if is_ready else 503
@@ -59,14 +62,20 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
 
     @app.get("/info", dependencies=auth_dependencies)
     async def info() -> dict:
+        """The default model (``model``), every served model version (``models``), the server."""
         server = dict(server_info)
         server["queued"] = frontend.gate.admitted
-        return {"model": frontend.model.to_dict(), "server": server}
+        default = frontend.default_model()
+        models = [
+            {"name": route.name, "version": route.version, **route.model.to_dict()}
+            for route in frontend.table().routes()
+        ]
+        return {"model": default.to_dict() if default else None, "models": models, "server": server}
 
     endpoint = PredictEndpoint(frontend.dispatcher, frontend.limits, check_auth)
     # POST /predict skips FastAPI's stack: the observer (request id, access log, counts) wraps it
     # directly. The FastAPI route below is what /docs shows, and answers the same way.
-    add_fast_route(app, "POST", api_path, HttpObserver(endpoint, inference_paths))
+    add_fast_route(app, "POST", api_path, HttpObserver(endpoint, [api_path]))
 
     async def predict(request: Request) -> Response:
         return await endpoint.handle(request)
@@ -80,10 +89,15 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
         summary="Classify one image, or several: their top-k ImageNet labels",
     )
 
-    oip_endpoint = OipInferEndpoint(frontend.dispatcher, frontend.limits, settings.served_name, check_auth)
-    for path in infer_paths(settings.served_name):
-        add_fast_route(app, "POST", path, HttpObserver(oip_endpoint, inference_paths))
+    oip_endpoint = OipInferEndpoint(frontend.dispatcher, frontend.limits, check_auth)
+    add_fast_pattern_route(app, "POST", is_infer_path, HttpObserver(oip_endpoint, [api_path]))
     add_oip_routes(
-        app, oip_endpoint, server_version=frontend.server_version, engine=frontend.model.engine, ready=frontend.ready
+        app,
+        oip_endpoint,
+        server_version=frontend.server_version,
+        ready=frontend.ready,
+        model_ready=frontend.model_ready,
+        table=frontend.table,
     )
-    app.add_middleware(HttpObserver, counted_paths=inference_paths)
+    add_repository_routes(app, frontend.repository_calls(), settings.admin_api_key)
+    app.add_middleware(HttpObserver, counted_paths=[api_path])

@@ -1,9 +1,12 @@
 """Inference-worker health as an HTTP process sees it (the main process restarts dead workers:
 service/supervisor/restarts.py).
 
-``WorkerWatch`` keeps a fresh copy of the workers' setup states (for ``/ready``, and to send work
-only to ready workers) and, on every poll, answers with 503 the unanswered requests this process
-sent to any worker that is not ready: it died and is being restarted. The HTTP process picks the
+``WorkerWatch`` keeps a fresh copy of the workers' setup states and of the routing table (which
+workers serve which model version: service/repository/table.py), for ``/ready`` and to send work
+only to ready workers of the version asked for. On every poll it answers with 503 the unanswered
+requests this process sent to any worker that is not ready (it died and is being restarted), sends
+the final message to workers whose version was retired, and records the table generation it
+follows, which a load call waits for. The HTTP process picks the
 worker of every request (service/transport/channels.py), so it knows exactly which requests a dead
 worker held. (A restart faster than a poll, which takes seconds of model loading, would be missed;
 the deadline still answers those requests.)
@@ -13,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 
 from service._defaults import RETRY_AFTER_S
 from service.litserve_bridge import READY
+from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.transport.channels import ApiChannel
 from service.wire import Answer, error_answer
 
@@ -44,17 +48,31 @@ class WorkerWatch:
         read_states: Callable[[], dict[int, str]],
         channel: ApiChannel,
         poll_interval_s: float = POLL_INTERVAL_S,
+        table_file: TableFile | None = None,
+        acks: MutableSequence[int] | None = None,
     ) -> None:
+        """``table_file``: the published routing table; ``acks``: per HTTP process, the generation it
+        follows (this one writes its own)."""
         self._read_states = read_states  # worker id -> setup state, written by the workers
         self._channel = channel
+        self._table_file = table_file
+        self._acks = acks
         self.poll_interval_s = poll_interval_s
         self.states: dict[int, str] = {}
         self.ready_workers: list[int] = []
+        self.table = RoutingTable()
+        self._known: set[int] = set()  # workers this process may hold a socket to
 
     @property
     def ready(self) -> bool:
-        """Every inference worker has loaded its model and finished warm-up."""
-        return bool(self.states) and len(self.ready_workers) == len(self.states)
+        """Every worker of every served model version has loaded its model and finished warm-up
+        (versions being loaded beside them do not count: the old ones serve meanwhile)."""
+        serving = self.table.serving_workers() if self._table_file is not None else set(self.states)
+        return bool(self.states) and all(self.states.get(worker) == READY for worker in serving)
+
+    def ready_in(self, route: VersionRoute) -> list[int]:
+        """The ready workers of one model version."""
+        return [worker for worker in route.workers if self.states.get(worker) == READY]
 
     def named_states(self) -> dict[str, str]:
         """``{"worker_0": "ready", ...}``: for /ready and the workers gauge."""
@@ -62,6 +80,24 @@ class WorkerWatch:
 
     def refresh(self) -> None:
         self.apply(self._read_states())
+        self.follow_table()
+
+    def follow_table(self) -> None:
+        """Take the published routing table if it changed: retire, forget, acknowledge."""
+        if self._table_file is None:
+            return
+        table = self._table_file.read_if_changed()
+        if table is None:
+            return
+        self.table = table
+        for worker_id in table.draining:
+            self._channel.retire(worker_id)
+        current = table.serving_workers() | set(table.draining)
+        for worker_id in self._known - current:
+            self._channel.drop_worker(worker_id)
+        self._known = current
+        if self._acks is not None:
+            self._acks[self._channel.api_server] = table.generation
 
     def apply(self, states: dict[int, str]) -> None:
         self.states = states
@@ -80,6 +116,7 @@ class WorkerWatch:
                 # A round trip to the multiprocessing manager, which a busy machine can hold up for
                 # a long time: in a thread, so deadlines and answers on this loop are not held up.
                 self.apply(await asyncio.to_thread(self._read_states))
+                self.follow_table()
             except (ConnectionError, EOFError):
                 return  # the manager is gone: the server is shutting down
             except Exception:

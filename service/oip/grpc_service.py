@@ -1,7 +1,9 @@
 """The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService`` (KServe v2, Triton).
 
-ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer; the other RPCs
-(streaming, shared memory, repository, statistics, settings) answer UNIMPLEMENTED with their name. A
+ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer, for every model
+the routing table serves; with ``--model-control explicit`` also the repository extension
+(RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) behind the admin key. The other RPCs
+(streaming, shared memory, statistics, settings) answer UNIMPLEMENTED with their name. A
 request that is not a valid protobuf message answers INVALID_ARGUMENT: neither is logged as a server
 error. The protocol modules are the ones ``tritonclient`` ships, generated from Triton's own protos.
 
@@ -33,26 +35,36 @@ from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     EXTENSIONS,
     INPUT_NAME,
-    MODEL_VERSION,
     SERVER_NAME,
     TOP_K_PARAMETER,
     InferCall,
     all_outputs,
     build_outputs,
     check_input,
-    check_model,
     deserialize_bytes,
     images_from_elements,
     model_metadata,
     oip_top_k,
     parse_output,
 )
+from service.repository.calls import REPOSITORY_OFF, RepositoryCalls
+from service.repository.table import VersionRoute
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER_PATH = f"/{SERVICE}/ModelInfer"  # the access log's path for ModelInfer
-IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+IMPLEMENTED = (
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelInfer",
+    "RepositoryIndex",
+    "RepositoryModelLoad",
+    "RepositoryModelUnload",
+)
 # What a request deserializer returns for bytes that are not the RPC's message.
 UNDECODABLE = object()
 GRPC_STATUS = {
@@ -119,19 +131,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         dispatcher: ImageDispatcher,
         limits: RequestLimits,
         *,
-        model: str,
-        engine: str,
         ready: Callable[[], bool],
+        model_ready: Callable[[VersionRoute], bool],
         server_version: str,
         api_key: str = "",
+        admin_api_key: str = "",
+        repository: RepositoryCalls | None = None,
     ) -> None:
+        """``repository``: the repository extension's calls; ``None`` answers them FAILED_PRECONDITION."""
         self.dispatcher = dispatcher
         self.limits = limits
-        self.model = model
-        self.engine = engine
         self.ready = ready
+        self.model_ready = model_ready
         self.server_version = server_version
+        self.repository = repository
         self._auth = ApiKeyAuth(api_key) if api_key else None
+        self._admin_auth = ApiKeyAuth(admin_api_key) if admin_api_key else None
 
     async def ServerLive(self, request, context) -> service_pb2.ServerLiveResponse:
         return service_pb2.ServerLiveResponse(live=True)
@@ -140,8 +155,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerReadyResponse(ready=self.ready())
 
     async def ModelReady(self, request, context) -> service_pb2.ModelReadyResponse:
-        await self._run(context, lambda: check_model(request.name, request.version, self.model))
-        return service_pb2.ModelReadyResponse(ready=self.ready())
+        route = await self._run(context, lambda: self.dispatcher.route(request.name, request.version))
+        return service_pb2.ModelReadyResponse(ready=self.model_ready(route))
 
     async def ServerMetadata(self, request, context) -> service_pb2.ServerMetadataResponse:
         await self._run(context, lambda: self._check_key(context))
@@ -152,8 +167,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context) -> service_pb2.ModelMetadataResponse:
         def describe() -> dict:
             self._check_key(context)
-            check_model(request.name, request.version, self.model)
-            return model_metadata(self.model, self.engine)
+            route = self.dispatcher.route(request.name, request.version)
+            table = self.dispatcher.watch.table
+            versions = sorted(table.models[route.name]) if not request.version else [route.version]
+            return model_metadata(route.name, versions, route.model.engine)
 
         metadata = await self._run(context, describe)
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
@@ -171,9 +188,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         status = 200
         try:
             self._check_key(context)
-            check_model(request.model_name, request.model_version, self.model)
+            route = self.dispatcher.route(request.model_name, request.model_version)
             call = parse_grpc_request(request, self.limits.max_images_per_request)
-            answers, _ = await run_infer(self.dispatcher, call, self.limits.max_image_pixels)
+            answers, _ = await run_infer(self.dispatcher, call, self.limits.max_image_pixels, route)
             tensors = build_outputs(call, answers)
         except ServiceError as exc:
             status = exc.status
@@ -189,8 +206,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             metrics().requests.labels(code=str(status)).inc()
             log_access("GRPC", MODEL_INFER_PATH, str(status), started)
         return service_pb2.ModelInferResponse(
-            model_name=self.model,
-            model_version=MODEL_VERSION,
+            model_name=route.name,
+            model_version=str(route.version),
             id=request.id,
             outputs=[
                 service_pb2.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.shape)
@@ -198,6 +215,42 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             ],
             raw_output_contents=[t.to_bytes() for t in tensors],
         )
+
+    async def RepositoryIndex(self, request, context) -> service_pb2.RepositoryIndexResponse:
+        repository = await self._run(context, lambda: self._check_admin(context))
+        try:
+            entries = await repository.index(request.ready)
+        except ServiceError as exc:
+            await context.abort(grpc_status(exc), exc.message)
+        model = service_pb2.RepositoryIndexResponse.ModelIndex
+        return service_pb2.RepositoryIndexResponse(models=[model(**entry) for entry in entries])
+
+    async def RepositoryModelLoad(self, request, context) -> service_pb2.RepositoryModelLoadResponse:
+        repository = await self._run(context, lambda: self._check_admin(context))
+        config = request.parameters.get("config")
+        files = [name for name in request.parameters if name.startswith("file:")]
+        try:
+            await repository.load(request.model_name, config.string_param if config is not None else "", files)
+        except ServiceError as exc:
+            await context.abort(grpc_status(exc), exc.message)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context) -> service_pb2.RepositoryModelUnloadResponse:
+        repository = await self._run(context, lambda: self._check_admin(context))
+        try:
+            await repository.unload(request.model_name)
+        except ServiceError as exc:
+            await context.abort(grpc_status(exc), exc.message)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    def _check_admin(self, context: grpc.aio.ServicerContext) -> RepositoryCalls:
+        """The repository calls, if this server takes them and the caller has the admin key."""
+        if self.repository is None or self._admin_auth is None:
+            raise ServiceError(400, REPOSITORY_OFF)
+        supplied = ApiKeyAuth.supplied_key(dict(context.invocation_metadata() or ()))
+        if not self._admin_auth.matches(supplied):
+            raise ServiceError(401, "Missing or wrong admin key. Send --admin-api-key as metadata 'x-api-key: <key>'.")
+        return self.repository
 
     def _check_key(self, context: grpc.aio.ServicerContext) -> None:
         if self._auth is None:

@@ -6,16 +6,19 @@ from __future__ import annotations
 from service.frontend.dispatch import ImageDispatcher, header_error
 from service.metrics import metrics
 from service.oip.tensors import InferCall, failed_items
+from service.repository.table import VersionRoute
 from service.wire import Answer
 
 
-async def run_infer(dispatcher: ImageDispatcher, call: InferCall, max_image_pixels: int) -> tuple[list[Answer], float]:
+async def run_infer(
+    dispatcher: ImageDispatcher, call: InferCall, max_image_pixels: int, route: VersionRoute
+) -> tuple[list[Answer], float]:
     """Every image's successful ``Answer`` and the total milliseconds; ``ServiceError`` otherwise.
 
     Headers are checked first: a request that would fail on a bad header runs none of its images.
     """
     failed_items([header_error(image, max_image_pixels) for image in call.images])
-    answers, total_ms = await dispatcher.classify(call.images, call.worker_top_k)
+    answers, total_ms = await dispatcher.classify(call.images, call.worker_top_k, route)
     for answer in answers:
         metrics().observe_stages(answer.timings_ms)
     failed_items(answers)

@@ -21,10 +21,10 @@ from service.errors import ServiceError, http_headers
 from service.frontend.dispatch import ImageDispatcher
 from service.frontend.http_common import RequestLimits, read_body, server_timing
 from service.oip.infer import run_infer
+from service.oip.paths import model_in_path
 from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     EXTENSIONS,
-    MODEL_VERSION,
     SERVER_NAME,
     TOP_K_PARAMETER,
     InferCall,
@@ -32,7 +32,6 @@ from service.oip.tensors import (
     all_outputs,
     build_outputs,
     check_input,
-    check_model,
     deserialize_bytes,
     images_from_elements,
     json_elements,
@@ -40,6 +39,7 @@ from service.oip.tensors import (
     oip_top_k,
     parse_output,
 )
+from service.repository.table import RoutingTable, VersionRoute
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -146,7 +146,9 @@ def _object(value: object, what: str) -> dict:
     return value
 
 
-def encode_infer_response(model: str, call: InferCall, tensors: list[OutputTensor]) -> tuple[bytes, int | None]:
+def encode_infer_response(
+    model: str, version: int, call: InferCall, tensors: list[OutputTensor]
+) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when binary tensors follow it."""
     outputs, blobs = [], []
     for tensor in tensors:
@@ -160,7 +162,7 @@ def encode_infer_response(model: str, call: InferCall, tensors: list[OutputTenso
         else:
             entry["data"] = tensor.values
         outputs.append(entry)
-    response: dict = {"model_name": model, "model_version": MODEL_VERSION, "outputs": outputs}
+    response: dict = {"model_name": model, "model_version": str(version), "outputs": outputs}
     if call.request_id is not None:
         response["id"] = call.request_id
     header = json.dumps(response, separators=(",", ":")).encode()
@@ -170,19 +172,17 @@ def encode_infer_response(model: str, call: InferCall, tensors: list[OutputTenso
 
 
 class OipInferEndpoint:
-    """``POST /v2/models/{name}[/versions/{v}]/infer``. Also a plain ASGI app for the served model's
-    own paths, mounted ahead of FastAPI's stack like ``/predict`` (``add_fast_route``)."""
+    """``POST /v2/models/{name}[/versions/{v}]/infer``. Also a plain ASGI app for every model's infer
+    paths, mounted ahead of FastAPI's stack like ``/predict`` (``add_fast_prefix_route``)."""
 
     def __init__(
         self,
         dispatcher: ImageDispatcher,
         limits: RequestLimits,
-        model: str,
         check_auth: Callable[[Request], None] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.limits = limits
-        self.model = model
         self.check_auth = check_auth
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -203,16 +203,15 @@ class OipInferEndpoint:
             return error_response(exc)
 
     async def handle(self, request: Request, name: str, version: str | None) -> Response:
-        model = self.model
-        check_model(name, version, model)
+        route = self.dispatcher.route(name, version)
         body = decompress(
             await read_body(request, self.limits.max_body_bytes),
             request.headers.get("content-encoding", ""),
             self.limits.max_body_bytes,
         )
         call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
-        answers, total_ms = await run_infer(self.dispatcher, call, self.limits.max_image_pixels)
-        content, header_length = encode_infer_response(model, call, build_outputs(call, answers))
+        answers, total_ms = await run_infer(self.dispatcher, call, self.limits.max_image_pixels, route)
+        content, header_length = encode_infer_response(route.name, route.version, call, build_outputs(call, answers))
         headers = {"Server-Timing": server_timing({"total": total_ms})}
         if header_length is None:
             return Response(content, media_type="application/json", headers=headers)
@@ -220,25 +219,16 @@ class OipInferEndpoint:
         return Response(content, media_type="application/octet-stream", headers=headers)
 
 
-def model_in_path(path: str) -> tuple[str, str | None]:
-    """``/v2/models/NAME[/versions/V]/infer`` -> (NAME, V or None)."""
-    parts = path.strip("/").split("/")
-    return parts[2], (parts[4] if len(parts) > 4 and parts[3] == "versions" else None)
-
-
-def infer_paths(model: str) -> list[str]:
-    return [f"/v2/models/{model}/infer", f"/v2/models/{model}/versions/{MODEL_VERSION}/infer"]
-
-
 def add_oip_routes(
     app: FastAPI,
     endpoint: OipInferEndpoint,
     *,
     server_version: str,
-    engine: str,
     ready: Callable[[], bool],
+    model_ready: Callable[[VersionRoute], bool],
+    table: Callable[[], RoutingTable],
 ) -> None:
-    """The metadata and health routes, and the infer route for any model name (404 for all but ours)."""
+    """The metadata and health routes, and the infer route for any model name (404 for those not loaded)."""
 
     @app.get("/v2", tags=["Open Inference Protocol"])
     async def server_metadata(request: Request) -> Response:
@@ -256,7 +246,7 @@ def add_oip_routes(
 
     @app.get("/v2/health/ready", tags=["Open Inference Protocol"])
     async def server_ready() -> Response:
-        """Every inference worker is loaded and warm: 200, else 400 (as Triton); no key needed."""
+        """Every served model version is loaded and warm: 200, else 400 (as Triton); no key needed."""
         is_ready = ready()
         return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 400)
 
@@ -264,22 +254,23 @@ def add_oip_routes(
 
         @app.get(prefix, tags=["Open Inference Protocol"])
         async def metadata(request: Request, name: str, version: str | None = None) -> Response:
-            """Model metadata: its input and outputs."""
+            """Model metadata: its input and outputs, and its loaded versions."""
 
             async def describe() -> Response:
-                check_model(name, version, endpoint.model)
-                return JSONResponse(model_metadata(endpoint.model, engine))
+                route = table().resolve(name, version)
+                versions = sorted(table().models[route.name]) if version is None else [route.version]
+                return JSONResponse(model_metadata(route.name, versions, route.model.engine))
 
             return await endpoint.guarded(request, describe)
 
         @app.get(prefix + "/ready", tags=["Open Inference Protocol"])
-        async def model_ready(name: str, version: str | None = None) -> Response:
-            """The model is loaded and warm in every worker: 200, else 400; no key needed."""
+        async def model_is_ready(name: str, version: str | None = None) -> Response:
+            """The model version (default: its latest loaded) is warm in every worker: 200, else 400; no key needed."""
             try:
-                check_model(name, version, endpoint.model)
+                route = table().resolve(name, version)
             except ServiceError as exc:
                 return error_response(exc)
-            is_ready = ready()
+            is_ready = model_ready(route)
             return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 400)
 
         @app.post(prefix + "/infer", tags=["Open Inference Protocol"])

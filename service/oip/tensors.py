@@ -33,7 +33,6 @@ from service.wire import Answer
 INPUT_NAME = "IMAGE"
 LABELS, PROBABILITIES, CLASS_INDICES = "LABELS", "PROBABILITIES", "CLASS_INDICES"
 OUTPUT_DATATYPES = {LABELS: "BYTES", PROBABILITIES: "FP32", CLASS_INDICES: "INT64"}
-MODEL_VERSION = "1"
 # What the server metadata lists; only what is implemented.
 EXTENSIONS = ("classification", "binary_tensor_data")
 SERVER_NAME = "vision-serve"  # the server metadata's name, over HTTP and gRPC
@@ -80,26 +79,17 @@ class OutputTensor:
         return np.asarray(self.values, dtype=dtype).tobytes()
 
 
-def model_metadata(model: str, engine: str) -> dict:
+def model_metadata(name: str, versions: list[int], engine: str) -> dict:
     """``GET /v2/models/{name}``: ``-1`` marks the batch and top-k dimensions."""
     return {
-        "name": model,
-        "versions": [MODEL_VERSION],
+        "name": name,
+        "versions": [str(v) for v in versions],
         "platform": f"vision-serve_{engine}" if engine else "vision-serve",
         "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
         "outputs": [
             {"name": name, "datatype": datatype, "shape": [-1, -1]} for name, datatype in OUTPUT_DATATYPES.items()
         ],
     }
-
-
-def check_model(name: str, version: str | None, served: str) -> None:
-    if name != served:
-        raise ServiceError(404, f"Request for unknown model: '{name}' is not found. This server serves '{served}'.")
-    if version not in (None, "", MODEL_VERSION):
-        raise ServiceError(
-            404, f"Request for unknown model: '{name}' version {version} is not found; its only version is 1."
-        )
 
 
 def serialize_bytes(elements: Iterable[bytes]) -> bytes:

@@ -21,6 +21,8 @@ from service.rest.parsing import read_predict_request
 from service.rest.render import error_response, render, render_many
 from service.wire import Answer
 
+MAX_NAME_CHARS = 128  # model names are at most 128 characters (service/repository/layout.py)
+
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
 OPENAPI_EXTRA = {
     "parameters": [
@@ -63,6 +65,18 @@ OPENAPI_EXTRA = {
 }
 
 
+def model_in_query(request: Request) -> tuple[str | None, str | None]:
+    """``?model=NAME&version=V`` (both optional; the query string is parsed only when there is one)."""
+    if not request.scope.get("query_string"):
+        return None, None
+    query = request.query_params
+    model, version = query.get("model"), query.get("version")
+    for name, value in (("model", model), ("version", version)):
+        if value is not None and len(value) > MAX_NAME_CHARS:
+            raise ServiceError(400, f"?{name}= is longer than {MAX_NAME_CHARS} characters.")
+    return model, version
+
+
 class PredictEndpoint:
     """Also a plain ASGI app (``__call__``), which the server mounts ahead of FastAPI's stack
     (service/litserve_bridge.py ``add_fast_route``); ``check_auth`` then does what the route's
@@ -90,12 +104,13 @@ class PredictEndpoint:
         await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Response:
+        route = self.dispatcher.route(*model_in_query(request))
         parsed = await read_predict_request(request, self.limits)
         if not parsed.many:
             image = parsed.images[0]
             check_header(image, self.limits.max_image_pixels)
-            (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k)
-            response = render(answer, total_ms)
+            (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k, route)
+            response = render(answer, total_ms, route.version)
             # The worker's stages and the rendering, recorded here to keep that work off its loop.
             metrics().observe_stages(answer.timings_ms)
             return response
@@ -103,11 +118,11 @@ class PredictEndpoint:
         to_run = [i for i, item in enumerate(answers) if isinstance(item, bytes)]
         total_ms = 0.0
         if to_run:
-            ran, total_ms = await self.dispatcher.classify([answers[i] for i in to_run], parsed.top_k)
+            ran, total_ms = await self.dispatcher.classify([answers[i] for i in to_run], parsed.top_k, route)
             for i, answer in zip(to_run, ran, strict=True):
                 answers[i] = answer
                 metrics().observe_stages(answer.timings_ms)
-        return render_many(answers, total_ms)
+        return render_many(answers, total_ms, route.version)
 
     def _checked(self, item: bytes | Answer) -> bytes | Answer:
         """The image, or its own error if its header is bad: one bad image never spoils the others."""

@@ -38,11 +38,12 @@ class AnswerResponse(Response):
         self.background = None
 
 
-def answer_content(answer: Answer) -> dict:
-    """One answer's JSON object: ``{"predictions": [...], "model", "engine"}`` or ``{"detail": ...}``."""
+def answer_content(answer: Answer, version: int | None = None) -> dict:
+    """One answer's JSON object: ``{"predictions": [...], "model", "model_version", "engine"}`` or
+    ``{"detail": ...}``."""
     if answer.predictions is None:
         return {"detail": answer.detail}
-    return {
+    content = {
         "predictions": [
             {"index": index, "label": label, "probability": probability}
             for index, label, probability in answer.predictions
@@ -50,9 +51,12 @@ def answer_content(answer: Answer) -> dict:
         "model": answer.model,
         "engine": answer.engine,
     }
+    if version is not None:
+        content["model_version"] = str(version)
+    return content
 
 
-def render(answer: Answer, total_ms: float | None = None) -> Response:
+def render(answer: Answer, total_ms: float | None = None, version: int | None = None) -> Response:
     """The answer as JSON (``answer_content``) with its status.
 
     Adds ``X-Batch-Size`` and a ``Server-Timing`` header with the worker's stages, this rendering as
@@ -60,7 +64,7 @@ def render(answer: Answer, total_ms: float | None = None) -> Response:
     for the stage metrics.
     """
     started = time.perf_counter()
-    body = _JSON.encode(answer_content(answer)).encode()
+    body = _JSON.encode(answer_content(answer, version)).encode()
     raw_headers = _raw_headers(body, http_headers(answer.status_code, answer.retry_after_s))
     if answer.batch_size:
         raw_headers.append((b"x-batch-size", str(answer.batch_size).encode()))
@@ -72,10 +76,10 @@ def render(answer: Answer, total_ms: float | None = None) -> Response:
     return AnswerResponse(answer.status_code, body, raw_headers)
 
 
-def render_many(answers: list[Answer], total_ms: float) -> Response:
+def render_many(answers: list[Answer], total_ms: float, version: int | None = None) -> Response:
     """Several images' answers: ``{"results": [...]}`` in input order, each ``answer_content`` plus
     its ``status_code``. The request itself is a 200: its items succeed or fail one by one."""
-    results = [{"status_code": answer.status_code, **answer_content(answer)} for answer in answers]
+    results = [{"status_code": answer.status_code, **answer_content(answer, version)} for answer in answers]
     body = _JSON.encode({"results": results}).encode()
     headers: dict[str, str] = {}
     for answer in answers:

@@ -18,12 +18,20 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compile.cli_flags import visible_device
 from service import _defaults
 from service.model_info import ModelInfo
+from service.repository.layout import (
+    ModelConfig,
+    model_names,
+    parse_config_override,
+    read_model_folder,
+)
 from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
+from service.supervisor.memory import check_memory
 
 if TYPE_CHECKING:
     from compile.manifest import Manifest
@@ -47,16 +55,43 @@ class ServePlan:
     model: ModelInfo
 
     def to_json(self) -> str:
-        """Without the API key: the plan crosses a pipe, and the key never needs to."""
+        """Without the keys: the plan crosses a pipe, and the keys never need to."""
         plan = asdict(self)
-        plan["settings"]["api_key"] = ""
+        plan["settings"]["api_key"] = plan["settings"]["admin_api_key"] = ""
         return json.dumps(plan)
 
     @classmethod
-    def from_json(cls, text: str, api_key: str = "") -> ServePlan:
+    def from_json(cls, text: str, keys: ServeSettings | None = None) -> ServePlan:
+        """``keys``: the settings whose API keys the plan gets back."""
         plan = json.loads(text)
-        settings = ServeSettings(**{**plan.pop("settings"), "api_key": api_key})
+        secrets = {} if keys is None else {"api_key": keys.api_key, "admin_api_key": keys.admin_api_key}
+        settings = ServeSettings(**{**plan.pop("settings"), **secrets})
         return cls(settings=settings, model=ModelInfo(**plan.pop("model")), **plan)
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """One version of one model of the repository, planned: a single --model or --artifact is
+    version 1 of a one-model repository."""
+
+    name: str
+    version: int
+    plan: ServePlan
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "version": self.version, "plan": json.loads(self.plan.to_json())}
+
+    @classmethod
+    def from_dict(cls, data: dict, keys: ServeSettings | None = None) -> VersionPlan:
+        return cls(data["name"], data["version"], ServePlan.from_json(json.dumps(data["plan"]), keys))
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What a repository load asks the planner for: one model, with a load call's config override."""
+
+    model: str
+    config: str = ""  # Triton's model config as JSON, or ""
 
 
 def resolve_device(
@@ -212,24 +247,76 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cpu_cou
     return ServePlan(settings, accelerator, devices, worker_env, workers, api_servers, model)
 
 
+def version_settings(settings: ServeSettings, name: str, artifact: Path, config: ModelConfig) -> ServeSettings:
+    """The server's settings for one version of a repository model: its artifact, its served name,
+    and the flags its config.toml (or a load call) sets for it. (The repository flags stay with the
+    server's own settings: a version is served as one --artifact.)"""
+    return dataclasses.replace(
+        settings,
+        model_repository="",
+        model_control="none",
+        default_model="",
+        artifact=str(artifact),
+        name=name,
+        workers_per_device=config.workers_per_device or settings.workers_per_device,
+        max_batch_size=config.max_batch_size or settings.max_batch_size,
+        batch_timeout_ms=settings.batch_timeout_ms if config.batch_timeout_ms is None else config.batch_timeout_ms,
+    )
+
+
+def plan_repository(
+    settings: ServeSettings, load: LoadRequest | None = None, cuda_count: int | None = None
+) -> list[VersionPlan]:
+    """The versions to serve: of every model in ``--model-repository`` at start (``load`` None), or
+    of the one model a load call names; of the single --model or --artifact without a repository.
+    ``ValueError`` says what to fix; a load that would not fit in memory is refused here."""
+    if not settings.model_repository:
+        plan = plan_serving(settings, cuda_count)
+        plans = [VersionPlan(plan.settings.served_name, 1, plan)]
+    else:
+        repository = Path(settings.model_repository).expanduser()
+        if load is None:
+            folders = [(read_model_folder(repository, name), ModelConfig()) for name in model_names(repository)]
+        else:
+            override = parse_config_override(load.config) if load.config else ModelConfig()
+            folders = [(read_model_folder(repository, load.model), override)]
+        plans = []
+        for folder, override in folders:
+            config = folder.config.merged(override)
+            for version in config.version_policy.select(list(folder.versions)):
+                try:
+                    chosen = version_settings(settings, folder.name, folder.versions[version], config)
+                    plan = plan_serving(chosen, cuda_count)
+                except (ValueError, OSError) as exc:
+                    raise ValueError(f"Model {folder.name!r} version {version}: {exc}") from None
+                plans.append(VersionPlan(folder.name, version, plan))
+    check_memory(plans)
+    return plans
+
+
 class PlanningFailed(RuntimeError):
     """The planner process failed for a reason other than the settings (its output says why)."""
 
 
 class Planning:
-    """The planner process, started; ``result()`` waits for its ``ServePlan``."""
+    """The planner process, started; ``result()`` waits for its ``VersionPlan``s."""
 
-    def __init__(self, settings: ServeSettings) -> None:
-        self._api_key = settings.api_key
-        public = dataclasses.replace(settings, api_key="")
+    def __init__(self, settings: ServeSettings, load: LoadRequest | None = None) -> None:
+        self._keys = settings
+        public = dataclasses.replace(settings, api_key="", admin_api_key="")
         self._process = subprocess.Popen(
             PLANNER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        self._input = json.dumps(asdict(public))
+        self._input = json.dumps({"settings": asdict(public), "load": None if load is None else asdict(load)})
 
-    def result(self) -> ServePlan:
-        """The plan; ``ValueError`` with the planner's message when the settings cannot be served."""
-        stdout, stderr = self._process.communicate(self._input)
+    def result(self, timeout_s: float | None = None) -> list[VersionPlan]:
+        """The plans; ``ValueError`` with the planner's message when the settings cannot be served."""
+        try:
+            stdout, stderr = self._process.communicate(self._input, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.communicate()
+            raise ValueError(f"Planning took longer than {timeout_s:g} s (--load-timeout-s).") from None
         if stderr.strip():
             sys.stderr.write(stderr)  # its log records and warnings, as if this process had written them
         try:
@@ -238,24 +325,26 @@ class Planning:
             raise PlanningFailed(f"the planner exited with code {self._process.returncode}; see above.") from None
         if "error" in answer:
             raise ValueError(answer["error"])
-        return ServePlan.from_json(json.dumps(answer["plan"]), self._api_key)
+        return [VersionPlan.from_dict(plan, self._keys) for plan in answer["plans"]]
 
 
-def start_planning(settings: ServeSettings) -> Planning:
-    return Planning(settings)
+def start_planning(settings: ServeSettings, load: LoadRequest | None = None) -> Planning:
+    return Planning(settings, load)
 
 
 def main() -> None:
-    """The planner: settings JSON on stdin -> ``{"plan": ...}`` or ``{"error": message}`` on stdout."""
+    """The planner: ``{"settings", "load"}`` JSON on stdin -> ``{"plans": [...]}`` or ``{"error": message}``."""
     import torch  # noqa: F401  (planning needs it; imported first so its logger can be adopted)
 
     from service.logs import adopt_torch_logger, configure_logging
 
-    settings = ServeSettings(**json.loads(sys.stdin.read()))
+    request = json.loads(sys.stdin.read())
+    settings = ServeSettings(**request["settings"])
+    load = None if request["load"] is None else LoadRequest(**request["load"])
     configure_logging(settings.log_level, settings.log_format)
     adopt_torch_logger()
     try:
-        answer = {"plan": json.loads(plan_serving(settings).to_json())}
+        answer = {"plans": [plan.to_dict() for plan in plan_repository(settings, load)]}
     except ValueError as exc:
         answer = {"error": str(exc)}
     sys.stdout.write(json.dumps(answer))

@@ -16,9 +16,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from multiprocessing import resource_tracker
+from multiprocessing.process import BaseProcess
 
 from fastapi import FastAPI
 
@@ -30,8 +32,10 @@ from service.heap import freeze_startup_objects
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed
 from service.logs import adopt_library_loggers
 from service.metrics import mark_process_dead, metrics, multiprocess_mode
-from service.supervisor.plan import ServePlan
-from service.supervisor.restarts import restart_dead_workers
+from service.repository.control import ControlServer
+from service.settings import ServeSettings, resolve_api_servers
+from service.supervisor.models import ModelPool, WorkerHooks
+from service.supervisor.plan import ServePlan, VersionPlan
 from service.transport.channels import ChannelConfig
 from service.worker.entry import CLASSIFIER, WorkerEntry
 from service.worker.loop import BatchPolicy, GreedyBatchedLoop
@@ -39,6 +43,9 @@ from service.worker.loop import BatchPolicy, GreedyBatchedLoop
 logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
+# Slots of the shared array of running batch sizes; a worker writes slot id % RUNNING_SLOTS (ids grow
+# with every load, and a slot is 0 whenever its worker is idle or gone).
+RUNNING_SLOTS = 1024
 # What the server reports as its version (OIP server metadata, build_info): "unknown" when it runs
 # from a checkout that pip has not installed.
 SERVER_VERSION = package_version(PROJECT_DISTRIBUTION) or "unknown"
@@ -52,50 +59,82 @@ def device_names(devices: list) -> list[str]:
 
 
 class VisionLitServer(LitServerBridge):
-    """LitServer with vision-serve's request path, probes, auth and worker recovery.
+    """LitServer with vision-serve's request path, probes, auth, model pool and worker recovery.
 
     Made and run in the main process. The routes (service/frontend/routes.py) and the per-process
     front end (service/frontend/process.py) are set up here before the HTTP processes fork; requests
-    and answers travel over service/transport/channels.py, not LitServe's manager queues. A worker
-    that dies is restarted (service/supervisor/restarts.py). Stopping, also from a signal handler
-    while workers start, takes LitServe's own graceful path: uvicorn stops accepting and finishes
-    the requests it holds while the inference workers still answer them; the workers stop after
-    that (tests/e2e/test_e2e.py checks in-flight requests get their answers).
+    and answers travel over service/transport/channels.py, not LitServe's manager queues. The
+    inference workers are the model pool's (service/supervisor/models.py): the first versions' at
+    launch, others at repository load calls, a dead one restarted. Stopping, also from a signal
+    handler while workers start, takes LitServe's own graceful path: uvicorn stops accepting and
+    finishes the requests it holds while the inference workers still answer them; the workers stop
+    after that (tests/e2e/test_e2e.py checks in-flight requests get their answers).
     """
 
     exit_code = 0
 
-    def __init__(self, plan: ServePlan, lit_api: WorkerEntry) -> None:
-        settings = plan.settings
-        self.plan = plan
+    def __init__(
+        self, plans: Sequence[VersionPlan], settings: ServeSettings, layout: ServerLayout, model: str = CLASSIFIER
+    ) -> None:
+        """``settings``: the server's own (its plans' carry each version's artifact and batching)."""
         self.settings = settings
-        self.api_servers = plan.api_servers
-        self.channels = ChannelConfig.create(plan.api_servers, plan.workers)
-        # Per worker, the size of the batch it runs now: the queue depth is what is admitted and
-        # not running. Shared memory, made before the workers spawn (they get it with the loop).
-        self.running = multiprocessing.Array("i", plan.workers, lock=False)
+        self.layout = layout
+        self.api_servers = layout.api_servers
+        self.model_path = model
+        self.channels = ChannelConfig.create(layout.api_servers, sum(plan.plan.workers for plan in plans))
+        # Per worker slot, the size of the batch it runs now: the queue depth is what is admitted and
+        # not running. Shared memory, made before any worker spawns (they get it with the loop).
+        self.running = multiprocessing.Array("i", RUNNING_SLOTS, lock=False)
+        # Per HTTP process, the routing table generation it follows (-1: not started yet).
+        self.table_acks = multiprocessing.Array("q", [-1] * layout.api_servers, lock=False)
+        self.initial_plans = list(plans)
+        self.pool = ModelPool(
+            settings,
+            self.channels.directory,
+            self.table_acks,
+            WorkerHooks(
+                spawn=self.spawn_worker,
+                states=self.worker_states,
+                set_state=self.set_worker_state,
+                make_entry=self.make_entry,
+                device_slots=self.device_slots,
+            ),
+            on_unrecoverable=self._stop_with_error,
+        )
+        # Before LitServer.__init__, which registers the routes that use it.
+        self.frontend = HttpFrontEnd(
+            settings, self.channels, self.worker_states, self.running, self.table_acks, SERVER_VERSION
+        )
+        first = plans[0].plan
+        # timeout: LitServe's own deadline, which its loop would apply (ours applies the same one).
+        super().__init__(
+            self.make_entry(plans[0]),
+            timeout=settings.request_timeout_s,
+            restart_workers=True,
+            accelerator=first.accelerator,
+            devices=first.devices,
+            workers_per_device=first.settings.workers_per_device,
+        )
+        self._control: ControlServer | None = None
+
+    def make_entry(self, plan: VersionPlan) -> WorkerEntry:
+        """The LitAPI a version's workers run: its settings, and the loop with its batch policy."""
+        settings = plan.plan.settings
+        entry = WorkerEntry(settings, self.model_path)
         policy = BatchPolicy(
             max_batch_size=settings.max_batch_size,
             batch_timeout_s=settings.batch_timeout_ms / 1000,
             request_timeout_s=settings.request_timeout_s,
             pipeline_depth=settings.pipeline_depth,
         )
-        lit_api.loop = GreedyBatchedLoop(self.channels, policy, self.running)
-        # Before LitServer.__init__, which registers the routes that use it.
-        self.frontend = HttpFrontEnd(
-            settings, plan.model, self.channels, self.worker_states, self.running, SERVER_VERSION
-        )
-        # timeout: LitServe's own deadline, which its loop would apply (ours applies the same one).
-        super().__init__(
-            lit_api,
-            timeout=settings.request_timeout_s,
-            restart_workers=True,
-            accelerator=plan.accelerator,
-            devices=plan.devices,
-            workers_per_device=settings.workers_per_device,
-        )
+        entry.loop = GreedyBatchedLoop(self.channels, policy, self.running)
+        return entry
+
+    def launch_workers(self) -> list:
+        return self.pool.start(self.initial_plans)
 
     def request_stop(self) -> None:
+        self.pool.stopping.set()
         super().request_stop(start_stop_thread)
 
     def before_http_processes(self) -> None:
@@ -114,7 +153,7 @@ class VisionLitServer(LitServerBridge):
             "devices": device_names(self.devices),
             "workers_per_device": settings.workers_per_device,
             "api_servers": self.api_servers,
-            "pipeline_depth": settings.pipeline_depth,
+            "pipeline_depth": self.initial_plans[0].plan.settings.pipeline_depth,
             "max_queue": settings.max_queue,
             "queued": 0,
             "request_timeout_s": settings.request_timeout_s,
@@ -123,6 +162,8 @@ class VisionLitServer(LitServerBridge):
             "max_images_per_request": settings.max_images_per_request,
             "grpc_port": settings.grpc_port,
             "api_key_required": bool(settings.api_key),
+            "model_repository": settings.model_repository or None,
+            "model_control": settings.model_control,
         }
 
     @asynccontextmanager
@@ -133,23 +174,24 @@ class VisionLitServer(LitServerBridge):
 
     def start_worker_monitor(self) -> None:
         thread = threading.Thread(
-            target=restart_dead_workers,
-            kwargs={
-                "workers": self.worker_processes,
-                "state_of": self.worker_state,
-                "relaunch": self._relaunch_dead_worker,
-                "stopping": self._stopping,
-                "on_unrecoverable": self._stop_with_error,
-            },
+            target=self.pool.watch,
+            kwargs={"stopping": self._stopping, "metrics_restart": self._count_restart},
             name="vision-serve-worker-monitor",
             daemon=True,
         )
         thread.start()
+        if self.settings.model_control == "explicit":
+            self._control = ControlServer(self.channels.directory, self.pool.handle)
+            self._control.start()
 
-    def _relaunch_dead_worker(self, index: int) -> object:
-        mark_process_dead(self.worker_processes[index].pid)  # its GPU-memory gauge no longer counts
+    def stop_control(self) -> None:
+        if self._control is not None:
+            self._control.stop()
+
+    @staticmethod
+    def _count_restart(process: BaseProcess) -> None:
+        mark_process_dead(process.pid)  # its GPU-memory gauge no longer counts
         metrics().worker_restarts.inc()
-        return self.relaunch_worker(index)
 
     def _stopping(self) -> bool:
         return self.stop_requested
@@ -160,17 +202,66 @@ class VisionLitServer(LitServerBridge):
         self.request_stop()
 
 
+@dataclass(frozen=True)
+class ServerLayout:
+    """What the whole server shares, whatever model a worker serves."""
+
+    accelerator: str
+    devices: int | str
+    worker_env: dict[str, str]
+    api_servers: int
+
+
+def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_count: int | None = None) -> ServerLayout:
+    """The layout the plans agree on; ``ValueError`` if two versions want different devices."""
+    if not plans:
+        raise ValueError(
+            f"The model repository {settings.model_repository} has no model to serve: add DIR/<name>/1 "
+            "(compile-trt --model ... --output DIR/<name>/1)."
+        )
+    first = plans[0].plan
+    for plan in plans[1:]:
+        if (plan.plan.accelerator, plan.plan.devices, plan.plan.worker_env) != (
+            first.accelerator,
+            first.devices,
+            first.worker_env,
+        ):
+            raise ValueError(
+                f"Model {plan.name} version {plan.version} is compiled for {plan.plan.accelerator}, and "
+                f"{plans[0].name} version {plans[0].version} for {first.accelerator}: one server serves one device "
+                "layout. Recompile one, or pass --device."
+            )
+    workers = sum(plan.plan.workers for plan in plans)
+    cpus = cpu_count or os.cpu_count() or 1
+    api_servers = resolve_api_servers(settings.api_servers, first.accelerator, workers, cpus)
+    return ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)
+
+
 def start_stop_thread(target: Callable[[], None]) -> None:
     """Run ``target`` (the stop event's ``set``) in a thread of its own (see ``request_stop``)."""
     threading.Thread(target=target, name="vision-serve-stop", daemon=True).start()
 
 
-def build_server(plan: ServePlan, model: str = CLASSIFIER) -> VisionLitServer:
-    """The server for ``plan``; ``model`` names the model the workers load (service/worker/entry.py:
-    the front-end benchmark serves a no-op one through everything else)."""
-    os.environ.update(plan.worker_env)  # spawned workers inherit it (CUDA_VISIBLE_DEVICES for one GPU)
-    logger.info("Preprocessing: %s (%s)", plan.model.preprocess, plan.model.preprocess_reason)
-    return VisionLitServer(plan, WorkerEntry(plan.settings, model))
+def build_server(
+    plans: ServePlan | Sequence[VersionPlan], settings: ServeSettings | None = None, model: str = CLASSIFIER
+) -> VisionLitServer:
+    """The server for ``plans`` (one ``ServePlan``: a one-model server); ``settings``: the server's
+    own, by default the first plan's; ``model`` names the model the workers load (service/worker/
+    entry.py: the front-end benchmark serves a no-op one through everything else)."""
+    if isinstance(plans, ServePlan):
+        plans = [VersionPlan(plans.settings.served_name, 1, plans)]
+    settings = settings or plans[0].plan.settings
+    layout = server_layout(plans, settings)
+    os.environ.update(layout.worker_env)  # spawned workers inherit it (CUDA_VISIBLE_DEVICES for one GPU)
+    for plan in plans:
+        logger.info(
+            "Model %s version %d: preprocessing %s (%s)",
+            plan.name,
+            plan.version,
+            plan.plan.model.preprocess,
+            plan.plan.model.preprocess_reason,
+        )
+    return VisionLitServer(plans, settings, layout, model)
 
 
 def reap_children(timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
@@ -240,6 +331,7 @@ def serve(server: VisionLitServer) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            server.stop_control()
             reap_children()
             server.channels.remove()
 

@@ -20,6 +20,10 @@ per message rather than per request.
 Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests are answered 503.
 Messages are the pickled types of service/wire.py: ``RequestBatch`` one way, ``AnswerBatch`` the
 other.
+
+Workers come and go with model loads (service/supervisor/models.py): an HTTP process connects to a
+worker on its first request, and ``retire`` sends a worker the final message after everything else
+this process sent it, so the worker can tell when it has answered all it will ever get (``drained``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -87,10 +91,20 @@ class WorkerChannel:
         # them); a ZeroMQ socket must not be used by two threads at once.
         self._answer_lock = threading.Lock()
         self._received: deque[QueuedRequest] = deque()  # the rest of the last message's requests
+        self._api_servers = config.api_servers
+        self._finished: set[int] = set()  # HTTP processes that sent their final message
+
+    @property
+    def drained(self) -> bool:
+        """Every HTTP process said it sends nothing more, and every request taken was handed out."""
+        return len(self._finished) >= self._api_servers and not self._received
 
     def receive(self, timeout_s: float | None) -> QueuedRequest | None:
-        """The next request; ``None`` if none came within ``timeout_s`` (0: only one already here)."""
-        if not self._received:
+        """The next request; ``None`` if none came within ``timeout_s`` (0: only one already here),
+        or at once once ``drained``."""
+        while not self._received:
+            if self.drained:
+                return None
             if timeout_s is not None and not self._requests.poll(max(0, round(timeout_s * 1000))):
                 return None
             batch: RequestBatch = pickle.loads(self._requests.recv())
@@ -98,6 +112,8 @@ class WorkerChannel:
             self._received.extend(
                 QueuedRequest(api_server, uid, request) for uid, request in zip(batch.uids, batch.requests, strict=True)
             )
+            if batch.final:
+                self._finished.add(api_server)
         return self._received.popleft()
 
     def answer(self, request: QueuedRequest, answer: Answer) -> None:
@@ -137,10 +153,12 @@ class ApiChannel:
         self._async_context = zmq.asyncio.Context()
         self._answers = self._async_context.socket(zmq.PULL)
         self._answers.bind(config.answer_address(api_server))
-        self._requests = [self._connect(worker_id) for worker_id in range(config.workers)]
+        # By worker id, made on first use: workers start and stop with model loads.
+        self._requests: dict[int, zmq.Socket] = {}
         self._pending: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
-        self._unanswered = [0] * config.workers
-        self._outbox = [self._empty_batch() for _ in range(config.workers)]
+        self._unanswered: defaultdict[int, int] = defaultdict(int)
+        self._outbox: dict[int, RequestBatch] = {}
+        self._retired: set[int] = set()
         self._flush_scheduled = False
 
     def _connect(self, worker_id: int) -> zmq.Socket:
@@ -148,6 +166,12 @@ class ApiChannel:
         socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self._config.request_address(worker_id))
+        return socket
+
+    def _socket(self, worker_id: int) -> zmq.Socket:
+        socket = self._requests.get(worker_id)
+        if socket is None:
+            socket = self._requests[worker_id] = self._connect(worker_id)
         return socket
 
     def pick_worker(self, ready: Collection[int]) -> int | None:
@@ -163,7 +187,9 @@ class ApiChannel:
         future = loop.create_future()
         self._pending[uid] = (worker_id, future)
         self._unanswered[worker_id] += 1
-        outbox = self._outbox[worker_id]
+        outbox = self._outbox.get(worker_id)
+        if outbox is None:
+            outbox = self._outbox[worker_id] = self._empty_batch()
         outbox.uids.append(uid)
         outbox.requests.append(request)
         if not self._flush_scheduled:
@@ -174,12 +200,10 @@ class ApiChannel:
     def flush(self) -> None:
         """Send what was submitted since the last flush: one message per worker."""
         self._flush_scheduled = False
-        for worker_id, outbox in enumerate(self._outbox):
-            if not outbox.uids:
-                continue
-            self._outbox[worker_id] = self._empty_batch()
+        outboxes, self._outbox = self._outbox, {}
+        for worker_id, outbox in outboxes.items():
             try:
-                self._requests[worker_id].send(pickle.dumps(outbox, PICKLE_PROTOCOL), zmq.NOBLOCK)
+                self._socket(worker_id).send(pickle.dumps(outbox, PICKLE_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
                 overloaded = error_answer(
                     503,
@@ -188,6 +212,27 @@ class ApiChannel:
                 )
                 for uid in outbox.uids:
                     self._settle(uid, overloaded)
+
+    def retire(self, worker_id: int) -> None:
+        """Send ``worker_id`` what is queued for it, then the final message: it gets nothing more
+        from this process (its version was replaced or unloaded). Once per worker."""
+        if worker_id in self._retired:
+            return
+        self._retired.add(worker_id)
+        self.flush()
+        final = RequestBatch(self.api_server, [], [], final=True)
+        try:
+            self._socket(worker_id).send(pickle.dumps(final, PICKLE_PROTOCOL), zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("Inference worker %d does not read; it will be stopped at its drain deadline.", worker_id)
+
+    def drop_worker(self, worker_id: int) -> None:
+        """``worker_id`` is gone for good: close its socket."""
+        socket = self._requests.pop(worker_id, None)
+        if socket is not None:
+            socket.close(linger=0)
+        self._unanswered.pop(worker_id, None)
+        self._retired.discard(worker_id)
 
     def forget(self, uid: int) -> None:
         """The request got its HTTP answer (or gave up): a late worker answer is dropped."""
@@ -201,12 +246,11 @@ class ApiChannel:
         held = [uid for uid, (worker, _) in self._pending.items() if worker == worker_id]
         for uid in held:
             self._settle(uid, answer)
-        self._outbox[worker_id] = self._empty_batch()
-        if held:
+        self._outbox.pop(worker_id, None)
+        if held and worker_id in self._requests:
             # Requests still queued in the pipe would otherwise reach the restarted worker and run
             # for clients that already have their 503.
-            self._requests[worker_id].close(linger=0)
-            self._requests[worker_id] = self._connect(worker_id)
+            self._requests.pop(worker_id).close(linger=0)
         return len(held)
 
     async def receive_answers(self) -> None:

@@ -8,9 +8,12 @@ benchmark swaps in its own); the loop (service/worker/loop.py) then serves it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import signal
 import warnings
+from pathlib import Path
 
 import litserve as ls
 
@@ -20,6 +23,21 @@ from service.metrics import metrics
 from service.settings import ServeSettings
 
 CLASSIFIER = "service.worker.classifier:Classifier"
+SETUP_ERROR_FILE = "setup-error-{worker_id}"
+
+
+def setup_error_path(directory: str, worker_id: int) -> Path:
+    return Path(directory) / SETUP_ERROR_FILE.format(worker_id=worker_id)
+
+
+def record_setup_error(loop: object, error: BaseException) -> None:
+    """Write why this worker's setup failed beside its channels (service/supervisor/models.py reads it)."""
+    channels = getattr(loop, "channels", None)
+    worker_id = os.environ.get("LITSERVE_WORKER_ID")  # LitServe sets it before setup
+    if channels is None or worker_id is None:
+        return
+    with contextlib.suppress(OSError):
+        setup_error_path(channels.directory, int(worker_id)).write_text(f"{type(error).__name__}: {error}"[:2000])
 
 
 class WorkerEntry(ls.LitAPI):
@@ -41,9 +59,15 @@ class WorkerEntry(ls.LitAPI):
         configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
         metrics()  # its series exist at 0 from the start, not from the first batch
         module, _, name = self.model_path.partition(":")
-        model_class = getattr(importlib.import_module(module), name)
-        adopt_torch_logger()  # the model's module imported torch, whose logger has a format of its own
-        self.model = model_class.load(self.settings, device)
+        try:
+            model_class = getattr(importlib.import_module(module), name)
+            adopt_torch_logger()  # the model's module imported torch, whose logger has a format of its own
+            self.model = model_class.load(self.settings, device)
+        except BaseException as exc:
+            # LitServe logs the traceback and marks the worker ERROR; the reason also goes where the
+            # main process reads it, to answer the load call that started this worker.
+            record_setup_error(self.loop, exc)
+            raise
         freeze_startup_objects()
 
     def predict(self, x: object) -> object:

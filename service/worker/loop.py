@@ -129,10 +129,14 @@ class GreedyBatchedLoop(WorkerLoop):
             if self.policy.pipeline_depth > 1:
                 self.serve_pipelined(model, channel, worker_id, threading.Event())
             else:
-                while True:
+                while not channel.drained:
                     batch = self.get_batch(channel)
                     if batch:
                         self.run_batch(model, channel, worker_id, batch)
+            # Its version was replaced or unloaded, and every request it got is answered: the process
+            # ends here (LitServe's worker returns), and the main process frees its slot.
+            logger.info("Inference worker %d answered everything it was sent; exiting.", worker_id)
+            channel.close(EXIT_ANSWER_LINGER_MS)
         except DeviceUnusable:
             channel.close(EXIT_ANSWER_LINGER_MS)  # the failed batch's 503s are queued: let them leave
             for handler in logging.getLogger().handlers:
@@ -147,22 +151,25 @@ class GreedyBatchedLoop(WorkerLoop):
     def serve_pipelined(
         self, model: BatchedModel, channel: WorkerChannel, worker_id: int, stop: threading.Event
     ) -> None:
-        """Prepare in a thread, run here, until ``stop`` is set (and what was prepared is answered)."""
+        """Prepare in a thread, run here, until ``stop`` is set or the channel is drained (and what
+        was prepared is answered)."""
         prepared: queue.Queue = queue.Queue(maxsize=self.policy.pipeline_depth - 1)
+        all_prepared = threading.Event()
 
         def prepare_batches() -> None:
-            while not stop.is_set():
+            while not stop.is_set() and not channel.drained:
                 try:
                     batch = self.get_batch(channel)
                     if batch:
                         prepared.put((batch, self.prepare(model, batch)))  # waits while the queue is full
                 except Exception:  # keep preparing: a dead thread would leave every later request unanswered
                     logger.exception("Taking or preparing a batch failed; going on.")
+            all_prepared.set()
 
         thread = threading.Thread(target=prepare_batches, name="vision-serve-prepare", daemon=True)
         thread.start()
         try:
-            while not stop.is_set() or not prepared.empty():
+            while not (stop.is_set() or all_prepared.is_set()) or not prepared.empty():
                 try:
                     batch, ready = prepared.get(timeout=IDLE_WAIT_S)
                 except queue.Empty:
@@ -240,8 +247,9 @@ class GreedyBatchedLoop(WorkerLoop):
     ) -> None:
         """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
         failure broke the device."""
+        slot = worker_id % len(self.running) if self.running is not None else 0
         if self.running is not None:
-            self.running[worker_id] = len(batch)
+            self.running[slot] = len(batch)
         unusable = None
         try:
             if isinstance(ready, PrepareFailed):
@@ -266,7 +274,7 @@ class GreedyBatchedLoop(WorkerLoop):
                 answers = [error_answer(503, DEVICE_FAILED, retry_after_s=_defaults.RETRY_AFTER_S)] * len(batch)
         finally:
             if self.running is not None:
-                self.running[worker_id] = 0
+                self.running[slot] = 0
         channel.answer_many(list(zip(batch, answers, strict=True)))
         if unusable is not None:
             raise DeviceUnusable(unusable)

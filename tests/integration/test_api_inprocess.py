@@ -58,7 +58,7 @@ def call(server, requests: list[dict]) -> list[httpx.Response]:
             transport = httpx.ASGITransport(app=manager.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
                 await wait_ready(client)
-                with worker_held(server.worker_processes[0].pid):
+                with worker_held(server.inference_workers[0].pid):
                     tasks = [asyncio.create_task(client.post("/predict", **kw)) for kw in requests]
                     deadline = time.monotonic() + HOLD_TIMEOUT_S
                     while server.frontend.gate.admitted + sum(t.done() for t in tasks) < len(tasks):
@@ -114,7 +114,8 @@ def test_response_schema_and_per_request_top_k(batching_server, chelsea_jpeg) ->
     bodies = [r.json() for r in responses]
     assert [len(b["predictions"]) for b in bodies] == [5, 3, 10, 1000]
     first = bodies[0]
-    assert set(first) == {"predictions", "model", "engine"}
+    assert set(first) == {"predictions", "model", "model_version", "engine"}
+    assert first["model_version"] == "1"  # a one-model server serves version 1
     assert first["model"] == "efficientnet-lite0" and first["engine"] == "torch-eager-fp32"
     for p in first["predictions"]:
         assert set(p) == {"index", "label", "probability"}

@@ -42,7 +42,7 @@ def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_a
             waiting.cancel()  # what the server does to the handler of a client that left
             await asyncio.gather(waiting, return_exceptions=True)
             assert dispatcher.gate.admitted == 0, "the slots of a request nobody waits for must come back"
-            assert channel.pick_worker([0]) == 0 and channel._unanswered == [0], "its pending entries are dropped"
+            assert channel.pick_worker([0]) == 0 and channel._unanswered[0] == 0, "its pending entries are dropped"
             worker.answer_many([(queued, Answer(batch_size=3)) for queued in taken])  # late answers
             await asyncio.sleep(0.2)
             assert channel._pending == {}

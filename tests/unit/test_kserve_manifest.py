@@ -365,14 +365,15 @@ def test_probes_use_the_v2_health_endpoints_on_the_http_port():
 def test_server_has_the_routes_kserve_and_the_probes_call():
     from fastapi import FastAPI
 
-    from service.oip.rest import add_oip_routes, infer_paths
+    from service.oip.paths import is_infer_path
+    from service.oip.rest import add_oip_routes
 
     app = FastAPI()
-    add_oip_routes(app, None, server_version="0", engine=str, ready=lambda: True)
+    add_oip_routes(app, None, server_version="0", ready=lambda: True, model_ready=bool, table=dict)
     paths = {route.path for route in app.routes}
     model = isvc()["metadata"]["name"]
     assert {V2_LIVE, V2_READY, "/v2", "/v2/models/{name}", "/v2/models/{name}/ready"} <= paths
-    assert f"/v2/models/{model}/infer" in infer_paths(model)
+    assert is_infer_path(f"/v2/models/{model}/infer")
 
 
 def test_model_name_is_the_compiled_model_and_the_inference_service_name():

@@ -156,7 +156,7 @@ def test_in_process_start_runs_the_hooks_and_reports_worker_states(tmp_path: Pat
     api.loop = RecordingLoop(str(record))
     server = TrivialServer(api, accelerator="cpu", workers_per_device=1)
     assert server.routes == ["/predict"], "register_routes replaces every LitServe route"
-    assert server.worker_count == 1
+    assert server.device_slots(1) == ["cpu"]
 
     async def requests() -> list[int]:
         async with LifespanManager(server.app) as manager:
@@ -170,19 +170,23 @@ def test_in_process_start_runs_the_hooks_and_reports_worker_states(tmp_path: Pat
         while server.worker_states() != {0: READY}:
             assert time.monotonic() < deadline, server.worker_states()
             time.sleep(0.05)
-        assert server.worker_state(0) == READY
         assert asyncio.run(requests()) == [200, 404], "LitServe's own /health must be gone"
         assert server.http_processes == [0]
 
-        old = server.worker_processes[0]
+        # A worker of our own, with an id and a LitAPI of our choice (a model loaded later).
+        old = server.inference_workers[0]
         old.kill()
         old.join()
-        server.worker_processes[0] = server.relaunch_worker(0)
-        assert server.worker_state(0) == STARTING
-        while server.worker_state(0) != READY:
+        other = TrivialAPI()
+        other.loop = RecordingLoop(str(record))
+        spawned = server.spawn_worker(other, 7, "cpu")
+        assert server.worker_states()[7] == STARTING
+        while server.worker_states().get(7) != READY:
             assert time.monotonic() < deadline + 60
             time.sleep(0.05)
-        assert server.worker_processes[0].pid != old.pid
+        server.set_worker_state(0, None)
+        assert server.worker_states() == {7: READY}
+        server.inference_workers.append(spawned)
 
         started = []
         server.request_stop(lambda target: (started.append(target), target()))

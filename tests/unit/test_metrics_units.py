@@ -67,7 +67,8 @@ def test_without_multiprocess_mode_a_process_shows_its_own_values(monkeypatch) -
             in_flight=lambda: 9,
             in_flight_limit=64,
             worker_states=lambda: {"worker_0": "ready", "worker_1": "starting"},
-            build_info={"version": "1", "model": "m"},
+            build_info=lambda: {"version": "1", "model": "m"},
+            models=lambda: [("m", "1", True), ("m", "2", False)],
         )
     )
     samples = {
@@ -81,3 +82,4 @@ def test_without_multiprocess_mode_a_process_shows_its_own_values(monkeypatch) -
     assert samples[("vision_serve_workers", (("state", "ready"),))] == 1
     assert samples[("vision_serve_workers", (("state", "starting"),))] == 1
     assert samples[("vision_serve_build_info", (("model", "m"), ("version", "1")))] == 1
+    assert samples[("vision_serve_model_ready", (("model", "m"), ("version", "2")))] == 0

@@ -26,7 +26,6 @@ from service.oip.tensors import (
     InferCall,
     RequestedOutput,
     build_outputs,
-    check_model,
     deserialize_bytes,
     failed_items,
     serialize_bytes,
@@ -162,7 +161,7 @@ def test_http_response_binary_and_json_parts_parse_with_tritonclient() -> None:
         RequestedOutput(CLASS_INDICES, True),
     ]
     call = InferCall([b""], 2, outputs, request_id="abc")
-    body, header_length = encode_infer_response("m", call, build_outputs(call, answers))
+    body, header_length = encode_infer_response("m", 1, call, build_outputs(call, answers))
     result = triton_http.InferResult.from_response_body(body, header_length=header_length)
     assert result.as_numpy(LABELS).tolist() == [[b"goldfish", b"great white shark"]]
     assert result.as_numpy(PROBABILITIES).tolist() == [[0.5, 0.25]]
@@ -180,15 +179,6 @@ def test_a_failed_item_fails_the_request_naming_it() -> None:
     with pytest.raises(ServiceError) as caught:
         failed_items([error_answer(415, "bad"), error_answer(504, "late")])
     assert caught.value.status == 504  # a server-side failure is the request's own status
-
-
-def test_unknown_model_or_version_is_404() -> None:
-    check_model("resnet152", "1", "resnet152")
-    check_model("resnet152", "", "resnet152")
-    for name, version in (("resnet50", None), ("resnet152", "2")):
-        with pytest.raises(ServiceError) as caught:
-            check_model(name, version, "resnet152")
-        assert caught.value.status == 404
 
 
 def test_model_and_version_from_the_path() -> None:

@@ -22,7 +22,8 @@ from service.frontend.auth import ApiKeyAuth
 from service.frontend.worker_watch import WorkerWatch
 from service.litserve_bridge import ERROR, READY, STARTING
 from service.rest.render import handle_service_error
-from service.supervisor.restarts import restart_dead_workers
+from service.settings import ServeSettings
+from service.supervisor.models import ModelPool, ServedVersion, Worker, WorkerHooks
 from service.transport.channels import ApiChannel, ChannelConfig
 from service.wire import ImageRequest
 
@@ -148,55 +149,60 @@ class FakeProcess:
         return self.alive
 
 
-def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
-    workers = [FakeProcess(), FakeProcess(alive=False, pid=2)]
-    status = {0: READY, 1: READY}
-    relaunched, stopped, rounds = [], [], []
+def pool_serving(processes: list, states: dict, spawn) -> ModelPool:
+    """A model pool serving one version whose workers are ``processes`` (ids 0, 1, ...)."""
+    hooks = WorkerHooks(
+        spawn=spawn,
+        states=lambda: dict(states),
+        set_state=lambda worker_id, state: states.__setitem__(worker_id, state),
+        make_entry=lambda plan: None,
+        device_slots=lambda count: ["cpu"] * count,
+    )
+    pool = ModelPool(ServeSettings(), "unused", [], hooks, on_unrecoverable=lambda message: None)
+    workers = [Worker(i, "m", 1, "cpu", process, None) for i, process in enumerate(processes)]
+    pool.served = {"m": {1: ServedVersion(plan=None, workers=workers)}}
+    return pool
 
-    def relaunch(index: int) -> FakeProcess:
-        relaunched.append(index)
-        status[index] = ERROR  # the new worker's setup fails (say, the GPU is gone)
+
+def watch(pool: ModelPool, stopped: list, rounds: list | None = None) -> None:
+    pool.on_unrecoverable = stopped.append
+    rounds = [] if rounds is None else rounds
+    pool.watch(
+        stopping=lambda: bool(stopped) or len(rounds) > 5, metrics_restart=lambda process: None, sleep=rounds.append
+    )
+
+
+def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
+    status = {0: READY, 1: READY}
+    relaunched, stopped = [], []
+
+    def spawn(entry, worker_id: int, device) -> FakeProcess:
+        relaunched.append(worker_id)
+        status[worker_id] = ERROR  # the new worker's setup fails (say, the GPU is gone)
         return FakeProcess(alive=False, pid=3)
 
-    restart_dead_workers(
-        workers,
-        status.get,
-        relaunch=relaunch,
-        stopping=lambda: bool(stopped) or len(rounds) > 5,
-        on_unrecoverable=stopped.append,
-        sleep=rounds.append,
-    )
+    pool = pool_serving([FakeProcess(), FakeProcess(alive=False, pid=2)], status, spawn)
+    watch(pool, stopped)
     assert relaunched == [1]  # restarted once, not in a loop
-    assert workers[1].pid == 3
+    assert pool.served["m"][1].workers[1].process.pid == 3
     assert len(stopped) == 1 and "died during its setup" in stopped[0]
 
 
 @pytest.mark.parametrize("state", [STARTING, ERROR])
 def test_restarter_stops_when_a_worker_dies_before_it_was_ready(state) -> None:
     stopped = []
-    restart_dead_workers(
-        [FakeProcess(alive=False)],
-        {0: state}.get,  # killed while loading (OOM), or its setup raised
-        relaunch=lambda index: pytest.fail("must not restart a worker that never became ready"),
-        stopping=lambda: bool(stopped),
-        on_unrecoverable=stopped.append,
-        sleep=lambda _: None,
-    )
+    spawn = lambda *args: pytest.fail("must not restart a worker that never became ready")  # noqa: E731
+    pool = pool_serving([FakeProcess(alive=False)], {0: state}, spawn)  # killed while loading (OOM), or setup raised
+    watch(pool, stopped)
     assert len(stopped) == 1 and "died during its setup" in stopped[0]
 
 
 def test_restarter_stops_when_relaunching_fails() -> None:
     stopped = []
 
-    def relaunch(index: int) -> FakeProcess:
+    def spawn(*args) -> FakeProcess:
         raise OSError("fork failed")
 
-    restart_dead_workers(
-        [FakeProcess(alive=False)],
-        {0: READY}.get,
-        relaunch=relaunch,
-        stopping=lambda: bool(stopped),
-        on_unrecoverable=stopped.append,
-        sleep=lambda _: None,
-    )
+    pool = pool_serving([FakeProcess(alive=False)], {0: READY}, spawn)
+    watch(pool, stopped)
     assert len(stopped) == 1 and "could not be restarted" in stopped[0]

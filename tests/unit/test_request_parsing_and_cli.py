@@ -358,8 +358,7 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
     settings = ServeSettings(model="efficientnet-lite0", preprocess="pil", workers_per_device=2)
     server = build_server(plan_serving(settings, cuda_count=2))
     server.channels.remove()  # never started: only its worker plan is read
-    assert server.worker_count == 4
-    handed = [group[0] for group in server._inference_workers_config_for_api(server.lit_api.api_path)]
+    handed = server.device_slots(settings.workers_per_device)
     assert handed == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
 
     bound: list[torch.device] = []
@@ -385,7 +384,7 @@ def test_the_plan_crosses_the_pipe_without_the_api_key_and_comes_back_whole() ->
     plan = plan_serving(ServeSettings(model="efficientnet-lite0", api_key="s3cret-key-of-some-length"), cuda_count=0)
     text = plan.to_json()
     assert "s3cret" not in text
-    back = ServePlan.from_json(text, api_key="s3cret-key-of-some-length")
+    back = ServePlan.from_json(text, ServeSettings(api_key="s3cret-key-of-some-length"))
     assert back.to_json() == text and back.settings == plan.settings
     assert (back.accelerator, back.devices, back.workers, back.model.engine) == ("cpu", "auto", 1, "torch-eager-fp32")
 
@@ -393,7 +392,9 @@ def test_the_plan_crosses_the_pipe_without_the_api_key_and_comes_back_whole() ->
 def test_the_planner_process_answers_a_plan_or_the_error_that_says_what_to_fix() -> None:
     from service.supervisor.plan import start_planning
 
-    plan = start_planning(ServeSettings(model="efficientnet-lite0", api_key="k3y-of-some-length")).result()
+    [version] = start_planning(ServeSettings(model="efficientnet-lite0", api_key="k3y-of-some-length")).result()
+    plan = version.plan
+    assert (version.name, version.version) == ("efficientnet-lite0", 1)  # a one-model repository
     assert plan.settings.api_key == "k3y-of-some-length" and plan.model.model == "efficientnet-lite0"
     with pytest.raises(ValueError, match="resnet15"):
         start_planning(ServeSettings(model="resnet15")).result()  # a typo: the catalog names the fix

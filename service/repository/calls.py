@@ -1,0 +1,57 @@
+"""The repository API's calls as the HTTP processes make them (HTTP and gRPC alike): checked
+arguments, a message to the main process, its reply. Loads run there (service/supervisor/models.py)."""
+
+from __future__ import annotations
+
+from service.errors import ServiceError
+from service.repository.control import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest, call_main_process
+from service.repository.layout import RepositoryError, check_model_name
+
+# The reply to a load may take the whole load timeout; the rest covers planning and the switch.
+REPLY_MARGIN_S = 30.0
+REPOSITORY_OFF = (
+    "The repository API (index, load, unload) is off: start the server with --model-repository DIR "
+    "--model-control explicit --admin-api-key KEY."
+)
+# A load's config override is a model config, not an upload.
+MAX_CONFIG_CHARS = 64 * 1024
+
+
+class RepositoryCalls:
+    def __init__(self, channels_directory: str, load_timeout_s: float) -> None:
+        self.directory = channels_directory
+        self.timeout_s = load_timeout_s + REPLY_MARGIN_S
+
+    async def index(self, ready_only: bool = False) -> list[dict]:
+        reply = await self._call(ControlRequest(INDEX, ready_only=ready_only))
+        return reply.index
+
+    async def load(self, model: str, config: str = "", files: list[str] | None = None) -> None:
+        """``ServiceError`` 400 with the reason when the load fails (the old version still serves)."""
+        _check_name(model)
+        if files:
+            raise ServiceError(
+                400,
+                f"Loading model files sent with the call ({', '.join(files[:3])}) is not supported: put the "
+                "compile-trt artifact in the repository as <name>/<version>/ and load it by name.",
+            )
+        if len(config) > MAX_CONFIG_CHARS:
+            raise ServiceError(400, f"parameters.config is longer than {MAX_CONFIG_CHARS:,} characters.")
+        await self._call(ControlRequest(LOAD, model, config))
+
+    async def unload(self, model: str) -> None:
+        _check_name(model)
+        await self._call(ControlRequest(UNLOAD, model))
+
+    async def _call(self, request: ControlRequest) -> ControlReply:
+        reply = await call_main_process(self.directory, request, self.timeout_s)
+        if reply.status != 200:
+            raise ServiceError(reply.status, reply.error)
+        return reply
+
+
+def _check_name(model: str) -> None:
+    try:
+        check_model_name(model)
+    except RepositoryError as exc:
+        raise ServiceError(400, str(exc)) from None

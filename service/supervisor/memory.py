@@ -1,0 +1,97 @@
+"""Does a load fit? The planner's check, before any worker of a new model version starts.
+
+What one worker needs is estimated as its engine's files twice (the file read, and the weights the
+runtime builds from it) plus a base for the process itself: torch and its libraries on a CPU, and a
+CUDA context with the runtime's workspace on a GPU. What is free is the machine's ``MemAvailable``
+for CPU workers, and ``nvidia-smi``'s free memory of the GPU for GPU workers. During a swap the old
+version still serves, so its memory is counted as used, as it is. A load that does not fit is
+refused with the numbers; it never starts workers that the kernel's OOM killer would stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.supervisor.plan import VersionPlan
+
+logger = logging.getLogger(__name__)
+
+MIB = 1 << 20
+# The process besides its model: torch and its libraries' code and allocator pools (CPU), or the
+# CUDA context, cuDNN/cuBLAS handles and workspace (GPU).
+WORKER_BASE_BYTES = {"cpu": 400 * MIB, "cuda": 1024 * MIB}
+
+
+def directory_bytes(directory: str | Path) -> int:
+    path = Path(directory)
+    if path.is_file():
+        return path.stat().st_size
+    if not path.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def worker_bytes(plan: VersionPlan) -> int:
+    settings = plan.plan.settings
+    files = settings.artifact or (settings.weights if Path(settings.weights).is_file() else settings.model)
+    return 2 * directory_bytes(files) + WORKER_BASE_BYTES[plan.plan.accelerator]
+
+
+def available_cpu_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def available_gpu_bytes() -> int | None:
+    """Free memory of the least free visible GPU, by nvidia-smi (no CUDA context in this process)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        return min(int(line) for line in out.split()) * MIB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def check_fits(needed: int, available: int | None, where: str, what: str) -> None:
+    """``ValueError`` with the numbers when ``needed`` bytes exceed ``available`` (``None``: unknown)."""
+    if available is None:
+        logger.warning("Free memory on %s is unknown; loading %s without checking that it fits.", where, what)
+        return
+    if needed > available:
+        raise ValueError(
+            f"Not enough memory to load {what}: it needs about {needed / MIB:,.0f} MiB on {where}, which has "
+            f"{available / MIB:,.0f} MiB free. Unload a model, lower its workers_per_device, or add memory."
+        )
+
+
+def check_memory(plans: Sequence[VersionPlan]) -> None:
+    """Refuse plans whose workers would not fit in what the machine has free now."""
+    for accelerator, where, available in (
+        ("cpu", "this machine's RAM", available_cpu_bytes),
+        ("cuda", "the GPU", available_gpu_bytes),
+    ):
+        chosen = [plan for plan in plans if plan.plan.accelerator == accelerator]
+        if not chosen:
+            continue
+        needed = sum(worker_bytes(plan) * plan.plan.workers for plan in chosen)
+        what = ", ".join(f"{plan.name} version {plan.version}" for plan in chosen)
+        check_fits(needed, available(), where, what)
