@@ -79,14 +79,20 @@ class WorkerWatch:
         return {worker_name(worker_id): state for worker_id, state in sorted(self.states.items())}
 
     def refresh(self) -> None:
+        table = self._read_table()
         self.apply(self._read_states())
-        self.follow_table()
+        self.follow_table(table)
 
-    def follow_table(self) -> None:
-        """Take the published routing table if it changed: retire, forget, acknowledge."""
-        if self._table_file is None:
-            return
-        table = self._table_file.read_if_changed()
+    def _read_table(self) -> RoutingTable | None:
+        return None if self._table_file is None else self._table_file.read_if_changed()
+
+    def follow_table(self, table: RoutingTable | None) -> None:
+        """Take a newly published routing table: retire, forget, acknowledge.
+
+        The table must be read before the states it is applied with: the main process publishes a
+        version only after its workers were ready, so states read after the table see them ready.
+        (States read before it could still say "starting", and the new version would answer 503.)
+        """
         if table is None:
             return
         self.table = table
@@ -115,8 +121,9 @@ class WorkerWatch:
             try:
                 # A round trip to the multiprocessing manager, which a busy machine can hold up for
                 # a long time: in a thread, so deadlines and answers on this loop are not held up.
+                table = self._read_table()
                 self.apply(await asyncio.to_thread(self._read_states))
-                self.follow_table()
+                self.follow_table(table)
             except (ConnectionError, EOFError):
                 return  # the manager is gone: the server is shutting down
             except Exception:

@@ -1,0 +1,218 @@
+"""A model repository served for real: two models side by side with their own labels, Triton's
+repository API through ``tritonclient`` (HTTP and gRPC), a version swap during a live stream of
+requests, a failed load that leaves the old version serving, and the admin key.
+
+The repository holds compile-trt artifacts as a user would make them: EfficientNet-Lite0 with
+ImageNet weights as ``lite`` (versions 1 and 2, and a corrupt 3) and the fine-tuned four-class model
+of tests/finetuned.py as ``pets``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from service.launcher import ServerProcess, free_port
+from tests.finetuned import LABELS, make_finetuned
+
+# Two compiles, a fine-tune, one server and about five loads of 10-20 s each on 2 cores.
+pytestmark = pytest.mark.slow
+
+ADMIN_KEY = "admin-key-for-tests-0123"
+API_KEY = "inference-key-for-tests-4567"
+INFERENCE = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def headers(which: dict) -> dict:
+    """A fresh copy: tritonclient adds its own headers to the dict it is given."""
+    return dict(which)
+
+
+def compile_into(output, *args: str) -> None:
+    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager"]
+    completed = subprocess.run([*command, "--batch", "1,4,8", *args, "--output", str(output)], capture_output=True)
+    assert completed.returncode == 0, completed.stdout.decode() + completed.stderr.decode()
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    finetuned = make_finetuned(tmp_path_factory.mktemp("finetuned"))
+    compile_into(root / "lite" / "1", "--model", "efficientnet-lite0")
+    shutil.copytree(root / "lite" / "1", root / "lite" / "2")
+    corrupt = root / "lite" / "3"
+    shutil.copytree(root / "lite" / "1", corrupt)
+    engine = corrupt / "state_dict.pt"
+    engine.write_bytes(engine.read_bytes()[: engine.stat().st_size // 4])  # a truncated copy
+    (root / "lite" / "config.toml").write_text("version_policy = {specific = [1]}\nmax_batch_size = 8\n")
+    compile_into(
+        root / "pets" / "1",
+        "--model",
+        "efficientnet-lite0",
+        "--weights",
+        str(finetuned.weights),
+        "--labels",
+        str(finetuned.labels),
+    )
+    return root, finetuned
+
+
+@pytest.fixture(scope="module")
+def server(repository, tmp_path_factory):
+    root, _ = repository
+    grpc_port = free_port()
+    args = ["--model-repository", str(root), "--model-control", "explicit", "--default-model", "lite"]
+    args += ["--grpc-port", str(grpc_port), "--request-timeout-s", "120"]
+    env = {"VISION_SERVE_ADMIN_API_KEY": ADMIN_KEY, "VISION_SERVE_API_KEY": API_KEY}
+    with ServerProcess(args, log_path=tmp_path_factory.mktemp("log") / "server.log", env=env) as running:
+        running.grpc_url = f"127.0.0.1:{grpc_port}"
+        yield running
+
+
+def predict(server, image: bytes, query: str = "") -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/predict{query}", content=image, headers={**INFERENCE, "Content-Type": "image/jpeg"}, timeout=120
+    )
+
+
+def version_config(version: int) -> str:
+    return json.dumps({"version_policy": {"specific": {"versions": [version]}}})
+
+
+def test_two_models_answer_side_by_side_with_their_own_labels(server, repository, coffee_jpeg) -> None:
+    _, finetuned = repository
+    for image, expected in finetuned.held_back:
+        answer = predict(server, image, "?model=pets").json()
+        assert answer["predictions"][0]["label"] == expected and answer["model"] == "pets"
+        assert {p["label"] for p in answer["predictions"]} <= set(LABELS)
+    answer = predict(server, coffee_jpeg).json()  # the default model
+    assert answer["predictions"][0]["label"] == "espresso" and (answer["model"], answer["model_version"]) == (
+        "lite",
+        "1",
+    )
+    assert predict(server, coffee_jpeg, "?model=birds").status_code == 404
+
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    for name, image, expected in (("pets", *finetuned.held_back[0]), ("lite", coffee_jpeg, "espresso")):
+        tensor = triton_http.InferInput("IMAGE", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([image], dtype=np.object_), binary_data=True)
+        result = client.infer(name, [tensor], headers=headers(INFERENCE))
+        assert result.as_numpy("LABELS")[0][0].decode() == expected
+        assert result.get_response()["model_version"] == "1"
+    info = httpx.get(f"{server.url}/info", headers=headers(INFERENCE), timeout=10).json()
+    assert sorted((m["name"], m["version"]) for m in info["models"]) == [("lite", 1), ("pets", 1)]
+    assert info["model"]["model"] == "lite"
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert 'vision_serve_model_images_total{code="200",model="pets",version="1"}' in metrics
+    assert 'vision_serve_model_ready{model="lite",version="1"} 1.0' in metrics
+
+
+def test_the_repository_api_needs_the_admin_key_and_never_the_inference_key(server) -> None:
+    index = f"{server.url}/v2/repository/index"
+    for sent in ({}, INFERENCE, {"X-API-Key": ADMIN_KEY + "x"}):
+        refused = httpx.post(index, headers=sent, timeout=10)
+        assert refused.status_code == 401 and "admin key" in refused.json()["error"]
+        load = httpx.post(f"{server.url}/v2/repository/models/lite/unload", headers=sent, timeout=10)
+        assert load.status_code == 401
+    assert httpx.post(index, headers={"X-API-Key": ADMIN_KEY}, timeout=10).status_code == 200
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="UNAUTHENTICATED"):
+        grpc_client.get_model_repository_index(headers={"x-api-key": API_KEY})
+
+
+def test_tritonclient_indexes_unloads_and_loads_over_http_and_grpc(server, repository) -> None:
+    _, finetuned = repository
+    image, expected = finetuned.held_back[0]
+    http_client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_url)
+    index = http_client.get_model_repository_index(headers=headers(ADMIN))
+    assert {(m["name"], m["version"], m["state"]) for m in index} == {("lite", "1", "READY"), ("pets", "1", "READY")}
+
+    grpc_client.unload_model("pets", headers={"x-api-key": ADMIN_KEY})
+    assert predict(server, image, "?model=pets").status_code == 404
+    with pytest.raises(InferenceServerException, match="NOT_FOUND"):
+        grpc_client.is_model_ready("pets", headers={"x-api-key": API_KEY})
+    listed = grpc_client.get_model_repository_index(headers={"x-api-key": ADMIN_KEY}, as_json=True)["models"]
+    assert {"name": "pets", "state": "UNAVAILABLE", "reason": "unloaded"} in listed
+
+    http_client.load_model("pets", headers=headers(ADMIN))
+    assert predict(server, image, "?model=pets").json()["predictions"][0]["label"] == expected
+    assert grpc_client.is_model_ready("pets", headers={"x-api-key": API_KEY})
+
+
+class Stream:
+    """Clients that classify without pause until stopped, keeping every outcome."""
+
+    def __init__(self, server, image: bytes, clients: int = 4) -> None:
+        self.server, self.image = server, image
+        self.outcomes: list[tuple[int | str, str]] = []  # (status or error, model_version)
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(clients)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=120) as client:
+            while not self._stop.is_set():
+                try:
+                    response = client.post(
+                        f"{self.server.url}/predict?model=lite",
+                        content=self.image,
+                        headers={**INFERENCE, "Content-Type": "image/jpeg"},
+                    )
+                    version = response.json().get("model_version", "") if response.status_code == 200 else ""
+                    self.outcomes.append((response.status_code, version))
+                except httpx.HTTPError as exc:
+                    self.outcomes.append((repr(exc), ""))
+
+    def __enter__(self) -> Stream:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(180)
+
+
+def test_a_swap_during_a_live_stream_fails_no_request(server, coffee_jpeg) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=600)
+    with Stream(server, coffee_jpeg) as stream:
+        client.load_model("lite", config=version_config(2), headers=headers(ADMIN))
+        after_first = len(stream.outcomes)
+        client.load_model("lite", config=version_config(1), headers=headers(ADMIN))
+        after_second = len(stream.outcomes)
+        while len(stream.outcomes) < after_second + 8:
+            threading.Event().wait(0.1)
+    statuses = Counter(status for status, _ in stream.outcomes)
+    assert statuses == {200: len(stream.outcomes)}, statuses
+    versions = [version for _, version in stream.outcomes]
+    assert set(versions) == {"1", "2"}
+    # Once a load call returned, new requests go to its version (those sent before may still finish
+    # on the old one: one per client at most).
+    assert "2" in versions[after_first:after_second]
+    assert set(versions[after_second + 4 :]) == {"1"}
+
+
+def test_a_failed_load_leaves_the_old_version_serving(server, coffee_jpeg) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=600)
+    with Stream(server, coffee_jpeg, clients=2) as stream:
+        with pytest.raises(InferenceServerException, match="version 3 could not be loaded") as caught:
+            client.load_model("lite", config=version_config(3), headers=headers(ADMIN))
+        assert "still serve" in str(caught.value)
+    assert stream.outcomes and all(outcome == (200, "1") for outcome in stream.outcomes)
+    index = client.get_model_repository_index(headers=headers(ADMIN))
+    assert {(m["name"], m["version"]) for m in index if m["state"] == "READY"} >= {("lite", "1")}
+    with pytest.raises(InferenceServerException, match="version\\(s\\) 9"):
+        client.load_model("lite", config=version_config(9), headers=headers(ADMIN))  # refused before any worker starts
