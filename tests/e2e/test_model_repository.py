@@ -216,3 +216,24 @@ def test_a_failed_load_leaves_the_old_version_serving(server, coffee_jpeg) -> No
     assert {(m["name"], m["version"]) for m in index if m["state"] == "READY"} >= {("lite", "1")}
     with pytest.raises(InferenceServerException, match="version\\(s\\) 9"):
         client.load_model("lite", config=version_config(9), headers=headers(ADMIN))  # refused before any worker starts
+
+
+def test_the_upload_page_offers_the_models_and_classifies_with_the_chosen_one(browser, server, repository) -> None:
+    _, finetuned = repository
+    image, expected = finetuned.held_back[0]
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{server.url}/")
+        page.click("#key-box summary")
+        page.fill("#api-key", API_KEY)
+        page.dispatch_event("#api-key", "change")  # the models are listed once /info answers with the key
+        page.wait_for_selector("#model-row:not([hidden])")
+        assert page.locator("#model option").all_inner_texts() == ["lite", "pets"]
+        assert page.input_value("#model") == "lite"  # the default model
+        page.select_option("#model", "pets")
+        page.set_input_files("#file", files=[{"name": "crop.jpg", "mimeType": "image/jpeg", "buffer": image}])
+        page.wait_for_selector("#predictions .prediction")
+        assert page.locator("#predictions .prediction .label").first.inner_text() == expected
+    finally:
+        context.close()

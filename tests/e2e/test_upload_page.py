@@ -1,5 +1,6 @@
-"""The upload page at GET /, in a real browser: Debian's headless Chromium driven by Playwright,
-against a real server on loopback with an API key, a real model and real photos."""
+"""The upload page at GET /, in a real browser: Debian's headless Chromium driven by Playwright
+(tests/e2e/conftest.py), against a real server on loopback with an API key, a real model and real
+photos."""
 
 from __future__ import annotations
 
@@ -10,21 +11,8 @@ import pytest
 
 from service.launcher import ServerProcess
 from tests.conftest import CAT_LABELS
-from tests.tools import require_tool
 
 API_KEY = "page-test-key"
-# No GPU, no sandbox (CI runs as root), and none of the background connections that a closed
-# network refuses.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +20,6 @@ def server(tmp_path_factory):
     args = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--api-key", API_KEY]
     with ServerProcess(args, log_path=tmp_path_factory.mktemp("page") / "server.log") as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium = require_tool("chromium", "/usr/bin/chromium")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -170,3 +170,48 @@ def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Pa
         worker.answer(QueuedRequest(0, i, ImageRequest(b"")), error_answer(504, "late"))
     assert time.monotonic() - started < 2.0
     worker.close()
+
+
+@pytest.mark.parametrize("pipeline_depth", [1, 2])
+def test_a_retired_worker_answers_everything_sent_before_the_final_messages_then_its_loop_ends(
+    tmp_path: Path, pipeline_depth: int
+) -> None:
+    """A replaced version's worker: each HTTP process sends its last requests, then ``retire``; the
+    worker's loop answers all of them and returns (the process then exits)."""
+    from service.worker.loop import BatchPolicy, GreedyBatchedLoop
+
+    config = ChannelConfig(str(tmp_path), api_servers=2, workers=1)
+
+    class Echo:
+        def prepare(self, requests):
+            return requests
+
+        def run(self, prepared):
+            return [answer_for(request) for request in prepared]
+
+        def unusable_device(self):
+            return None
+
+    async def scenario() -> None:
+        apis = [ApiChannel(config, api_server) for api_server in range(2)]
+        receiving = [asyncio.create_task(api.receive_answers()) for api in apis]
+        loop = GreedyBatchedLoop(config, BatchPolicy(max_batch_size=2, pipeline_depth=pipeline_depth))
+        serving = asyncio.create_task(asyncio.to_thread(loop.serve, Echo(), 0))
+        try:
+            futures = [apis[i % 2].submit(0, i, ImageRequest(f"img{i}".encode())) for i in range(7)]
+            apis[0].retire(0)
+            await asyncio.sleep(0.3)
+            assert not serving.done(), "one HTTP process may still send: the worker must wait for both"
+            futures.append(apis[1].submit(0, 99, ImageRequest(b"last")))
+            apis[1].retire(0)
+            apis[1].retire(0)  # once per worker: a second call sends nothing
+            answers = await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT_S)
+            assert [a.predictions[0][1] for a in answers] == [f"img{i}" for i in range(7)] + ["last"]
+            await asyncio.wait_for(serving, TIMEOUT_S)  # the loop returned: drained
+        finally:
+            for task in receiving:
+                task.cancel()
+            for api in apis:
+                api.close()
+
+    asyncio.run(scenario())

@@ -157,3 +157,45 @@ def test_repository_settings_are_checked_where_they_are_given() -> None:
         {"model_repository": "/models", "model_control": "explicit", "admin_api_key": "admin-key-1"}, environ={}
     ).settings
     assert "admin-key-1" not in repr(settings) and settings.as_dict()["admin_api_key"] == "(set)"
+
+
+class RecordingChannel:
+    """The HTTP process's channel as the watch uses it: what it was told to retire and drop."""
+
+    api_server = 1
+
+    def __init__(self) -> None:
+        self.retired: list[int] = []
+        self.dropped: list[int] = []
+
+    def retire(self, worker_id: int) -> None:
+        self.retired.append(worker_id)
+
+    def drop_worker(self, worker_id: int) -> None:
+        self.dropped.append(worker_id)
+
+    def fail_worker(self, worker_id: int, answer: object) -> int:
+        return 0
+
+
+def test_the_watch_follows_each_table_retires_drops_and_acknowledges(tmp_path) -> None:
+    from service.frontend.worker_watch import WorkerWatch
+    from service.litserve_bridge import READY, STARTING
+
+    states = {0: READY, 1: STARTING}
+    channel, acks, published = RecordingChannel(), [-1, -1], TableFile(tmp_path)
+    watch = WorkerWatch(lambda: dict(states), channel, table_file=TableFile(tmp_path), acks=acks)
+    published.write(RoutingTable(1, {"pets": {1: route("pets", 1, (0,))}}, (), "pets"))
+    watch.refresh()
+    # Worker 1 loads version 2 beside version 1: the server stays ready, and version 2 gets nothing yet.
+    assert watch.ready and acks == [-1, 1] and watch.ready_in(watch.table.resolve("pets")) == [0]
+    states[1] = READY
+    published.write(RoutingTable(2, {"pets": {2: route("pets", 2, (1,))}}, (0,), "pets"))
+    watch.refresh()
+    assert watch.table.resolve("pets").version == 2 and channel.retired == [0] and acks == [-1, 2]
+    published.write(RoutingTable(3, {"pets": {2: route("pets", 2, (1,))}}, (), "pets"))  # 0 exited
+    watch.refresh()
+    assert channel.dropped == [0] and acks[1] == 3
+    states[1] = STARTING  # a serving worker restarting: not ready until it is back
+    watch.refresh()
+    assert not watch.ready
