@@ -125,7 +125,8 @@ class HttpFrontEnd:
         """The repository API's calls to the main process; ``None`` unless --model-control explicit."""
         if self.settings.model_control != "explicit":
             return None
-        return RepositoryCalls(self.channels.directory, self.settings.load_timeout_s)
+        settings = self.settings
+        return RepositoryCalls(self.channels.directory, settings.load_timeout_s, settings.request_timeout_s)
 
     def worker_states(self) -> dict[str, str]:
         """``{"worker_0": "ready", ...}``: for /ready and the workers gauge."""

@@ -98,6 +98,7 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
         ready=frontend.ready,
         model_ready=frontend.model_ready,
         table=frontend.table,
+        repository=frontend.repository_calls() is not None,
     )
     add_repository_routes(app, frontend.repository_calls(), settings.admin_api_key)
     app.add_middleware(HttpObserver, counted_paths=[api_path])

@@ -65,10 +65,12 @@ class WorkerWatch:
 
     @property
     def ready(self) -> bool:
-        """Every worker of every served model version has loaded its model and finished warm-up
-        (versions being loaded beside them do not count: the old ones serve meanwhile)."""
+        """Some model version is served, and every worker of every served version has loaded its
+        model and finished warm-up (versions being loaded beside them do not count: the old ones
+        serve meanwhile)."""
         serving = self.table.serving_workers() if self._table_file is not None else set(self.states)
-        return bool(self.states) and all(self.states.get(worker) == READY for worker in serving)
+        # Nothing served (every model unloaded): no inference can succeed, so not ready.
+        return bool(serving) and all(self.states.get(worker) == READY for worker in serving)
 
     def ready_in(self, route: VersionRoute) -> list[int]:
         """The ready workers of one model version."""

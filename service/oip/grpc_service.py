@@ -33,7 +33,6 @@ from service.metrics import metrics
 from service.oip.infer import run_infer
 from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
-    EXTENSIONS,
     INPUT_NAME,
     SERVER_NAME,
     TOP_K_PARAMETER,
@@ -46,6 +45,7 @@ from service.oip.tensors import (
     model_metadata,
     oip_top_k,
     parse_output,
+    server_extensions,
 )
 from service.repository.calls import REPOSITORY_OFF, RepositoryCalls
 from service.repository.table import VersionRoute
@@ -138,7 +138,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         admin_api_key: str = "",
         repository: RepositoryCalls | None = None,
     ) -> None:
-        """``repository``: the repository extension's calls; ``None`` answers them FAILED_PRECONDITION."""
+        """``repository``: the repository extension's calls; ``None`` answers them INVALID_ARGUMENT
+        with how to turn them on."""
         self.dispatcher = dispatcher
         self.limits = limits
         self.ready = ready
@@ -161,7 +162,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request, context) -> service_pb2.ServerMetadataResponse:
         await self._run(context, lambda: self._check_key(context))
         return service_pb2.ServerMetadataResponse(
-            name=SERVER_NAME, version=self.server_version, extensions=list(EXTENSIONS)
+            name=SERVER_NAME, version=self.server_version, extensions=server_extensions(self.repository is not None)
         )
 
     async def ModelMetadata(self, request, context) -> service_pb2.ModelMetadataResponse:

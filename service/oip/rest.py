@@ -24,7 +24,6 @@ from service.oip.infer import run_infer
 from service.oip.paths import model_in_path
 from service.oip.tensors import (
     CLASSIFICATION_PARAMETER,
-    EXTENSIONS,
     SERVER_NAME,
     TOP_K_PARAMETER,
     InferCall,
@@ -38,6 +37,7 @@ from service.oip.tensors import (
     model_metadata,
     oip_top_k,
     parse_output,
+    server_extensions,
 )
 from service.repository.table import RoutingTable, VersionRoute
 
@@ -203,13 +203,15 @@ class OipInferEndpoint:
             return error_response(exc)
 
     async def handle(self, request: Request, name: str, version: str | None) -> Response:
-        route = self.dispatcher.route(name, version)
+        self.dispatcher.route(name, version)  # a model not served is a 404 before the upload
         body = decompress(
             await read_body(request, self.limits.max_body_bytes),
             request.headers.get("content-encoding", ""),
             self.limits.max_body_bytes,
         )
         call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
+        # Again once the body is in (a swap may have come meanwhile); no await until the submit.
+        route = self.dispatcher.route(name, version)
         answers, total_ms = await run_infer(self.dispatcher, call, self.limits.max_image_pixels, route)
         content, header_length = encode_infer_response(route.name, route.version, call, build_outputs(call, answers))
         headers = {"Server-Timing": server_timing({"total": total_ms})}
@@ -227,7 +229,9 @@ def add_oip_routes(
     ready: Callable[[], bool],
     model_ready: Callable[[VersionRoute], bool],
     table: Callable[[], RoutingTable],
+    repository: bool = False,
 ) -> None:
+    """``repository``: the repository extension's calls are on (the server metadata lists it)."""
     """The metadata and health routes, and the infer route for any model name (404 for those not loaded)."""
 
     @app.get("/v2", tags=["Open Inference Protocol"])
@@ -235,7 +239,8 @@ def add_oip_routes(
         """Server metadata: name, version, protocol extensions."""
 
         async def describe() -> Response:
-            return JSONResponse({"name": SERVER_NAME, "version": server_version, "extensions": list(EXTENSIONS)})
+            extensions = server_extensions(repository)
+            return JSONResponse({"name": SERVER_NAME, "version": server_version, "extensions": extensions})
 
         return await endpoint.guarded(request, describe)
 

@@ -35,6 +35,14 @@ LABELS, PROBABILITIES, CLASS_INDICES = "LABELS", "PROBABILITIES", "CLASS_INDICES
 OUTPUT_DATATYPES = {LABELS: "BYTES", PROBABILITIES: "FP32", CLASS_INDICES: "INT64"}
 # What the server metadata lists; only what is implemented.
 EXTENSIONS = ("classification", "binary_tensor_data")
+REPOSITORY_EXTENSION = "model_repository"
+
+
+def server_extensions(repository: bool) -> list[str]:
+    """What the server metadata lists: the repository extension only where its calls are on."""
+    return [*EXTENSIONS, REPOSITORY_EXTENSION] if repository else list(EXTENSIONS)
+
+
 SERVER_NAME = "vision-serve"  # the server metadata's name, over HTTP and gRPC
 TOP_K_PARAMETER = "top_k"
 CLASSIFICATION_PARAMETER = "classification"

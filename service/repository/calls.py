@@ -13,14 +13,17 @@ REPOSITORY_OFF = (
     "The repository API (index, load, unload) is off: start the server with --model-repository DIR "
     "--model-control explicit --admin-api-key KEY."
 )
+# Beyond the request deadline: the drain's grace and the stop of a late worker.
+DRAIN_MARGIN_S = 15.0
 # A load's config override is a model config, not an upload.
 MAX_CONFIG_CHARS = 64 * 1024
 
 
 class RepositoryCalls:
-    def __init__(self, channels_directory: str, load_timeout_s: float) -> None:
+    def __init__(self, channels_directory: str, load_timeout_s: float, request_timeout_s: float) -> None:
+        """An unload waits for a drain, which may last a request deadline (and a grace) after it."""
         self.directory = channels_directory
-        self.timeout_s = load_timeout_s + REPLY_MARGIN_S
+        self.timeout_s = max(load_timeout_s, request_timeout_s + DRAIN_MARGIN_S) + REPLY_MARGIN_S
 
     async def index(self, ready_only: bool = False) -> list[dict]:
         reply = await self._call(ControlRequest(INDEX, ready_only=ready_only))

@@ -77,15 +77,16 @@ class ModelConfig:
     workers_per_device: int | None = None
     max_batch_size: int | None = None
     batch_timeout_ms: float | None = None
-    version_policy: VersionPolicy = VersionPolicy()
+    version_policy: VersionPolicy | None = None  # None: Triton's default, the latest version
+
+    @property
+    def policy(self) -> VersionPolicy:
+        return self.version_policy or VersionPolicy()
 
     def merged(self, override: ModelConfig) -> ModelConfig:
         """This config with the fields ``override`` sets (a load call's ``config``)."""
-        changes = {f.name: getattr(override, f.name) for f in dataclasses.fields(self) if f.name != "version_policy"}
-        changes = {name: value for name, value in changes.items() if value is not None}
-        if override.version_policy != VersionPolicy():
-            changes["version_policy"] = override.version_policy
-        return dataclasses.replace(self, **changes)
+        changes = {f.name: getattr(override, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{name: value for name, value in changes.items() if value is not None})
 
 
 @dataclass(frozen=True)

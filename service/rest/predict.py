@@ -104,8 +104,12 @@ class PredictEndpoint:
         await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Response:
-        route = self.dispatcher.route(*model_in_query(request))
+        model, version = model_in_query(request)
+        self.dispatcher.route(model, version)  # a model not served is a 404 before the upload
         parsed = await read_predict_request(request, self.limits)
+        # Again once the body is in: a swap during a slow upload may have retired the version's
+        # workers. From here to the submit there is no await, so no table change comes between.
+        route = self.dispatcher.route(model, version)
         if not parsed.many:
             image = parsed.images[0]
             check_header(image, self.limits.max_image_pixels)

@@ -3,7 +3,8 @@
 What one worker needs is estimated as its engine's files twice (the file read, and the weights the
 runtime builds from it) plus a base for the process itself: torch and its libraries on a CPU, and a
 CUDA context with the runtime's workspace on a GPU. What is free is the machine's ``MemAvailable``
-for CPU workers, and ``nvidia-smi``'s free memory of the GPU for GPU workers. During a swap the old
+for CPU workers, and ``nvidia-smi``'s free memory of the least free visible GPU for what each GPU's
+workers need. During a swap the old
 version still serves, so its memory is counted as used, as it is. A load that does not fit is
 refused with the numbers; it never starts workers that the kernel's OOM killer would stop.
 """
@@ -11,6 +12,7 @@ refused with the numbers; it never starts workers that the kernel's OOM killer w
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -54,13 +56,15 @@ def available_cpu_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 
 def available_gpu_bytes() -> int | None:
-    """Free memory of the least free visible GPU, by nvidia-smi (no CUDA context in this process)."""
+    """Free memory of the least free GPU the workers see, by nvidia-smi (no CUDA context here)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    which = ["-i", visible] if visible and all(part.strip().isdigit() for part in visible.split(",")) else []
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", *which],
             capture_output=True,
             text=True,
             timeout=10,
@@ -92,6 +96,11 @@ def check_memory(plans: Sequence[VersionPlan]) -> None:
         chosen = [plan for plan in plans if plan.plan.accelerator == accelerator]
         if not chosen:
             continue
-        needed = sum(worker_bytes(plan) * plan.plan.workers for plan in chosen)
+        # Workers spread evenly over the GPUs (workers_per_device on each): what one GPU must hold.
+        per = "workers" if accelerator == "cpu" else "workers_per_device"
+        needed = sum(
+            worker_bytes(plan) * (plan.plan.workers if per == "workers" else plan.plan.settings.workers_per_device)
+            for plan in chosen
+        )
         what = ", ".join(f"{plan.name} version {plan.version}" for plan in chosen)
         check_fits(needed, available(), where, what)

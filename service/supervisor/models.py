@@ -104,6 +104,8 @@ class ModelPool:
         self._generation = 0
         self._lock = threading.RLock()  # the pool's state; held briefly, never across a wait
         self._model_locks: dict[str, threading.Lock] = {}  # one load or unload per model at a time
+        # (accelerator, devices, worker environment) every version must share: set by the server.
+        self.layout: tuple[str, object, dict[str, str]] | None = None
         self.stopping = threading.Event()
 
     # -- startup ---------------------------------------------------------------------------------
@@ -212,6 +214,14 @@ class ModelPool:
                 raise LoadFailed(f"failed to load '{name}': {exc}") from None
             if not plans:
                 raise LoadFailed(f"failed to load '{name}': its version policy selects no version.")
+            for plan in plans:
+                layout = (plan.plan.accelerator, plan.plan.devices, plan.plan.worker_env)
+                if self.layout is not None and layout != self.layout:
+                    raise LoadFailed(
+                        f"failed to load '{name}': version {plan.version} is for {plan.plan.accelerator} "
+                        f"(devices {plan.plan.devices}), and this server runs on {self.layout[0]} (devices "
+                        f"{self.layout[1]}). Compile it for this server's device."
+                    )
             with self._lock:
                 new = [self._launch(plan) for plan in plans]
             remaining = self.settings.load_timeout_s - (time.monotonic() - started)

@@ -283,7 +283,7 @@ def plan_repository(
         plans = []
         for folder, override in folders:
             config = folder.config.merged(override)
-            for version in config.version_policy.select(list(folder.versions)):
+            for version in config.policy.select(list(folder.versions)):
                 try:
                     chosen = version_settings(settings, folder.name, folder.versions[version], config)
                     plan = plan_serving(chosen, cuda_count)

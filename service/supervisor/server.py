@@ -101,6 +101,7 @@ class VisionLitServer(LitServerBridge):
             ),
             on_unrecoverable=self._stop_with_error,
         )
+        self.pool.layout = (layout.accelerator, layout.devices, layout.worker_env)
         # Before LitServer.__init__, which registers the routes that use it.
         self.frontend = HttpFrontEnd(
             settings, self.channels, self.worker_states, self.running, self.table_acks, SERVER_VERSION

@@ -99,6 +99,10 @@ def test_a_load_override_in_tritons_json_form_merges_over_the_file() -> None:
     assert override == ModelConfig(max_batch_size=4, version_policy=VersionPolicy("specific", specific=(2,)))
     merged = ModelConfig(workers_per_device=2, max_batch_size=8).merged(override)
     assert merged == ModelConfig(2, 4, None, VersionPolicy("specific", specific=(2,)))
+    pinned = ModelConfig(version_policy=VersionPolicy("specific", specific=(1,)))
+    latest = parse_config_override(json.dumps({"version_policy": {"latest": {"num_versions": 1}}}))
+    assert pinned.merged(latest).policy == VersionPolicy("latest", latest=1)  # Triton's default, said explicitly
+    assert pinned.merged(ModelConfig()).policy == pinned.version_policy
     assert parse_config_override(json.dumps({"version_policy": {"latest": {"num_versions": 2}}})).version_policy == (
         VersionPolicy("latest", latest=2)
     )
