@@ -44,6 +44,8 @@ POLL_INTERVAL_S = 0.1
 ACK_TIMEOUT_S = 10.0
 # Beyond the request deadline, how long a draining worker may take to exit before it is stopped.
 DRAIN_GRACE_S = 5.0
+# How long a draining worker that crashed stays marked failed: a few polls of the HTTP processes.
+CRASH_NOTICE_S = 0.5
 
 
 class LoadFailed(Exception):
@@ -288,6 +290,13 @@ class ModelPool:
         deadline = time.monotonic() + self.settings.request_timeout_s + DRAIN_GRACE_S
         for worker in workers:
             worker.process.join(max(0.0, deadline - time.monotonic()))
+        crashed = [w for w in workers if not w.process.is_alive() and w.process.exitcode != 0]
+        if crashed:
+            # It died instead of draining: marked failed for a few polls, so that each HTTP process
+            # answers what it still held with a retry-safe 503 instead of waiting for the deadline.
+            for worker in crashed:
+                self.hooks.set_state(worker.worker_id, ERROR)
+            time.sleep(CRASH_NOTICE_S)
         late = [w for w in workers if w.process.is_alive()]
         if late:
             logger.warning(

@@ -14,16 +14,19 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from service.launcher import ServerProcess, free_port
+from tests.conftest import inference_workers
 from tests.finetuned import LABELS, make_finetuned
 
 # Two compiles, a fine-tune, one server and about five loads of 10-20 s each on 2 cores.
@@ -79,6 +82,11 @@ def server(repository, tmp_path_factory):
     with ServerProcess(args, log_path=tmp_path_factory.mktemp("log") / "server.log", env=env) as running:
         running.grpc_url = f"127.0.0.1:{grpc_port}"
         yield running
+        # Workers started by loads (and restarted) are the server's to stop: SIGTERM leaves none.
+        family = psutil.Process(running.process.pid).children(recursive=True)
+        assert running.stop() == 0
+        survivors = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not survivors, [p.cmdline() for p in survivors]
 
 
 def predict(server, image: bytes, query: str = "") -> httpx.Response:
@@ -237,3 +245,38 @@ def test_the_upload_page_offers_the_models_and_classifies_with_the_chosen_one(br
         assert page.locator("#predictions .prediction .label").first.inner_text() == expected
     finally:
         context.close()
+
+
+def test_a_worker_started_by_a_load_is_restarted_when_it_dies(server, repository, coffee_jpeg) -> None:
+    _, finetuned = repository
+    before = {p.pid for p in inference_workers(server)}
+    triton_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=600).load_model(
+        "pets", headers=headers(ADMIN)
+    )
+    deadline = time.monotonic() + 60
+    while True:  # the old pets worker drains and exits
+        workers = inference_workers(server)
+        started_by_load = [p for p in workers if p.pid not in before]
+        if len(workers) == 2 and len(started_by_load) == 1:
+            break
+        assert time.monotonic() < deadline, [p.pid for p in workers]
+        time.sleep(0.25)
+    started_by_load[0].kill()
+    deadline = time.monotonic() + 120
+    while not (restarted(server) and server_ready(server)):
+        assert time.monotonic() < deadline, "the killed worker was not restarted"
+        time.sleep(0.25)
+    image, expected = finetuned.held_back[0]
+    assert predict(server, image, "?model=pets").json()["predictions"][0]["label"] == expected
+    assert predict(server, coffee_jpeg).json()["predictions"][0]["label"] == "espresso"
+
+
+def restarted(server) -> bool:
+    return "vision_serve_worker_restarts_total 1.0" in httpx.get(f"{server.url}/metrics", timeout=10).text
+
+
+def server_ready(server) -> bool:
+    try:
+        return httpx.get(f"{server.url}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
