@@ -1,5 +1,5 @@
 """Inference-worker health as an HTTP process sees it (the main process restarts dead workers:
-service/supervisor/restarts.py).
+service/supervisor/models.py).
 
 ``WorkerWatch`` keeps a fresh copy of the workers' setup states and of the routing table (which
 workers serve which model version: service/repository/table.py), for ``/ready`` and to send work

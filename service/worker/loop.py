@@ -17,7 +17,7 @@ needs of the model is ``BatchedModel`` (service/worker/classifier.py implements 
 A batch that fails answers 500 and the worker goes on, unless the failure broke the device itself
 (a sticky CUDA error: every later call would fail too). Then the batch is answered 503 (retry-safe)
 and the process exits with ``EXIT_DEVICE_UNUSABLE``, so the main process starts a new worker with a
-new CUDA context (service/supervisor/restarts.py).
+new CUDA context (service/supervisor/models.py).
 """
 
 from __future__ import annotations
