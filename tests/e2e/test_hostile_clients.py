@@ -197,10 +197,16 @@ def test_grpc_bytes_that_are_not_protobuf_are_invalid_argument_without_a_traceba
     assert not server_errors_logged(server)
 
 
-@pytest.mark.parametrize("method", ["RepositoryIndex", "ModelStatistics", "SystemSharedMemoryStatus", "TraceSetting"])
+@pytest.mark.parametrize("method", ["ModelConfig", "ModelStatistics", "SystemSharedMemoryStatus", "TraceSetting"])
 def test_grpc_unimplemented_rpcs_say_so_without_a_traceback(server, channel, method) -> None:
     error = raw_call(channel, method, b"")
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED and method in error.details()
+    assert not server_errors_logged(server)
+
+
+def test_grpc_repository_calls_without_explicit_mode_say_how_to_turn_them_on(server, channel) -> None:
+    error = raw_call(channel, "RepositoryIndex", b"")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "--model-control explicit" in error.details()
     assert not server_errors_logged(server)
 
 
