@@ -166,12 +166,14 @@ class Stream:
     def __init__(self, server, image: bytes, clients: int = 4) -> None:
         self.server, self.image = server, image
         self.outcomes: list[tuple[int | str, str]] = []  # (status or error, model_version)
+        self.sent_at: list[float] = []  # time.monotonic() when each outcome's request was sent
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run) for _ in range(clients)]
 
     def _run(self) -> None:
         with httpx.Client(timeout=120) as client:
             while not self._stop.is_set():
+                sent = time.monotonic()
                 try:
                     response = client.post(
                         f"{self.server.url}/predict?model=lite",
@@ -179,9 +181,11 @@ class Stream:
                         headers={**INFERENCE, "Content-Type": "image/jpeg"},
                     )
                     version = response.json().get("model_version", "") if response.status_code == 200 else ""
-                    self.outcomes.append((response.status_code, version))
+                    outcome = (response.status_code, version)
                 except httpx.HTTPError as exc:
-                    self.outcomes.append((repr(exc), ""))
+                    outcome = (repr(exc), "")
+                self.sent_at.append(sent)  # the two lists stay in step: this thread appends both
+                self.outcomes.append(outcome)
 
     def __enter__(self) -> Stream:
         for thread in self._threads:
@@ -198,19 +202,20 @@ def test_a_swap_during_a_live_stream_fails_no_request(server, coffee_jpeg) -> No
     client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=600)
     with Stream(server, coffee_jpeg) as stream:
         client.load_model("lite", config=version_config(2), headers=headers(ADMIN))
-        after_first = len(stream.outcomes)
+        first_returned = time.monotonic()
         client.load_model("lite", config=version_config(1), headers=headers(ADMIN))
-        after_second = len(stream.outcomes)
-        while len(stream.outcomes) < after_second + 8:
+        second_returned = time.monotonic()
+        while sum(sent > second_returned for sent in list(stream.sent_at)) < 8:
             threading.Event().wait(0.1)
     statuses = Counter(status for status, _ in stream.outcomes)
     assert statuses == {200: len(stream.outcomes)}, statuses
-    versions = [version for _, version in stream.outcomes]
-    assert set(versions) == {"1", "2"}
-    # Once a load call returned, new requests go to its version (those sent before may still finish
-    # on the old one: one per client at most).
-    assert "2" in versions[after_first:after_second]
-    assert set(versions[after_second + 4 :]) == {"1"}
+    assert {version for _, version in stream.outcomes} == {"1", "2"}
+    # Once a load call returned, every request sent after it goes to its version (those sent before
+    # may still finish on the old one). Judged by send time: the order in which the clients' threads
+    # record their answers says nothing on a busy machine.
+    sent_and_version = [(sent, version) for sent, (_, version) in zip(stream.sent_at, stream.outcomes, strict=True)]
+    assert "2" in {version for sent, version in sent_and_version if first_returned < sent < second_returned}
+    assert {version for sent, version in sent_and_version if sent > second_returned} == {"1"}
 
 
 def test_a_failed_load_leaves_the_old_version_serving(server, coffee_jpeg) -> None:
