@@ -122,8 +122,18 @@ class ModelPool:
 
     def processes(self) -> list[BaseProcess]:
         with self._lock:
-            serving = [w.process for versions in self.served.values() for v in versions.values() for w in v.workers]
+            serving = [w.process for w in self._serving()]
             return serving + [w.process for w in self.draining.values()]
+
+    def _serving(self) -> list[Worker]:
+        """Every worker of every served version (under ``_lock``)."""
+        return [w for versions in self.served.values() for v in versions.values() for w in v.workers]
+
+    def _retire(self, versions: dict[int, ServedVersion]) -> list[Worker]:
+        """Move ``versions``' workers to ``draining`` (under ``_lock``); returns them."""
+        retired = [w for version in versions.values() for w in version.workers]
+        self.draining.update({w.worker_id: w for w in retired})
+        return retired
 
     def _launch(self, plan: VersionPlan) -> ServedVersion:
         version = ServedVersion(plan)
@@ -234,8 +244,7 @@ class ModelPool:
             with self._lock:
                 old = self.served.get(name, {})
                 self.served[name] = {version.plan.version: version for version in new}
-                retired = [w for version in old.values() for w in version.workers]
-                self.draining.update({w.worker_id: w for w in retired})
+                retired = self._retire(old)
                 generation = self._publish()
             self._wait_acks(generation)
             logger.info(
@@ -252,8 +261,7 @@ class ModelPool:
         with self._model_lock(name):
             with self._lock:
                 old = self.served.pop(name, {})
-                retired = [w for version in old.values() for w in version.workers]
-                self.draining.update({w.worker_id: w for w in retired})
+                retired = self._retire(old)
                 generation = self._publish()
             self._wait_acks(generation)
             self._drain(retired)
@@ -333,7 +341,7 @@ class ModelPool:
         while not stopping():
             states = self.hooks.states()
             with self._lock:
-                serving = [w for versions in self.served.values() for v in versions.values() for w in v.workers]
+                serving = self._serving()
             for worker in serving:
                 if worker.process.is_alive() or stopping():
                     continue
