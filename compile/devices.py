@@ -47,11 +47,24 @@ def cpu_isa() -> str:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     tokens = str(pick_vec_isa()).split()
-    extensions = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported"}
-    for token, probe in extensions.items():
-        if getattr(torch._C._cpu, probe, lambda: False)():
-            tokens.append(token)
+    tokens += [token for token in ("avx512_bf16", "amx_tile") if cpu_has(token)]
     return " ".join(tokens)
+
+
+# CPU extensions torch can probe, by their /proc/cpuinfo name: the probe's name in torch.cpu (torch 2.11
+# onwards) or, in older releases, in torch._C._cpu.
+CPU_FEATURE_PROBES = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported"}
+
+
+def cpu_has(feature: str) -> bool:
+    """Whether this CPU has ``feature`` (a key of CPU_FEATURE_PROBES), as torch sees it."""
+    import torch.cpu
+
+    probe = CPU_FEATURE_PROBES[feature]
+    for module in (torch.cpu, torch._C._cpu):
+        if hasattr(module, probe):
+            return bool(getattr(module, probe)())
+    return False
 
 
 ALL_GPUS = -1

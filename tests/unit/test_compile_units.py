@@ -394,3 +394,18 @@ def test_compile_trt_restarts_itself_once_with_the_preload_for_gpu_work(device: 
     ).stdout
     # Printed once: the restarted process did not restart again.
     assert out.strip() == (f"{device} 1 {compiler_libstdcxx()}" if restarted else f"{device} None None")
+
+
+def test_cpu_isa_names_the_extensions_proc_cpuinfo_lists():
+    """torch moved its CPU probes (torch._C._cpu -> torch.cpu); a probe not found must not read as "absent"."""
+    from pathlib import Path
+
+    from compile.devices import CPU_FEATURE_PROBES, cpu_has, cpu_isa
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo here")
+    flags = set(next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split())
+    for feature in CPU_FEATURE_PROBES:
+        assert cpu_has(feature) == (feature in flags), feature
+        assert (feature in cpu_isa().split()) == (feature in flags), feature
