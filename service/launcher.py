@@ -6,6 +6,8 @@ Used by the demo, the end-to-end tests and the benchmarks, so they all drive the
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import signal
@@ -13,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -39,6 +41,28 @@ class ServerStartError(RuntimeError):
     pass
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int, prctl: Callable[..., int], signal_number: int = signal.SIGTERM) -> None:
+    """For ``Popen(preexec_fn=...)`` (see ``parent_death_hook``): the child gets ``signal_number`` when
+    its parent dies, even by SIGKILL, so that a killed driver (vision-tune) leaves no server behind.
+    The setting survives exec. Runs between fork and exec, so it only calls what the parent loaded."""
+    if prctl(PR_SET_PDEATHSIG, signal_number, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent_pid:  # the parent died before the setting took: do as it would have
+        os.kill(os.getpid(), signal_number)
+
+
+def parent_death_hook(enabled: bool) -> Callable[[], None] | None:
+    """The ``preexec_fn`` that ties a child to this process (``die_with_parent``); None when not
+    ``enabled`` or not on Linux."""
+    if not enabled or not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here, not in the forked child
+    return functools.partial(die_with_parent, os.getpid(), prctl)
+
+
 class ServerProcess:
     """``with ServerProcess(["--model", "efficientnet-lite0"], log_path=...) as server: server.url``
 
@@ -56,15 +80,18 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         base_env: Mapping[str, str] | None = None,
         command: Sequence[str] = VISION_SERVE_COMMAND,
+        with_parent: bool = False,
     ) -> None:
         """``env``: variables added for the server (VISION_SERVE_*) to ``base_env``, by default this
-        process's environment."""
+        process's environment. ``with_parent``: the server is stopped (SIGTERM) when this process
+        dies, however it dies (``die_with_parent``)."""
         self.port = port or free_port()
         self.env = {**(env or {}), PORT_ENV: str(self.port)}
         self.base_env = base_env
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [*command, *args]
         self.log_path = log_path
+        self.with_parent = with_parent
         self.process: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
 
@@ -82,7 +109,12 @@ class ServerProcess:
         # Its own process group: a Ctrl-C meant for us does not reach it directly, and tests can
         # signal the whole server group as a terminal would.
         self.process = subprocess.Popen(
-            self.command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=environment
+            self.command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=environment,
+            preexec_fn=parent_death_hook(self.with_parent),
         )
         return self
 

@@ -1,0 +1,232 @@
+"""Quick vs full search of vision-tune, from the journals of two real tunes of the same model and grid.
+
+    python -m benchmarks.tune_compare --full lite0-full.journal.jsonl --quick lite0-quick.journal.jsonl \\
+        --output benchmarks/results/vm-2cpu-2026-11-25/tune/efficientnet-lite0-compare
+
+Prints and writes (``.md`` and ``.json``):
+
+- measured: the share of the grid each search measured, the best objective each found, and quick's
+  best as a share of full's; also full's own measurement of the configuration quick chose (the same
+  configuration measured twice differs by the machine's noise, so both are shown);
+- replayed: every strategy run again over full's table of scores (no server: the scores are looked
+  up), so that strategies compare on the same numbers: quick search as shipped (coordinate descent
+  from the middle of the grid), coordinate descent from the defaults, and random search with quick's
+  budget (median and 10th percentile of 1,000 draws);
+- tuned vs defaults: the confirm rounds of each tune (alternating runs), medians of the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from benchmarks.tune.measure import Measurement
+from benchmarks.tune.report import ConfirmRound, confirm_ratios, ratio
+from benchmarks.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
+from benchmarks.tune.space import Candidate, SearchSpace
+
+RANDOM_DRAWS = 1000
+
+
+def read_journal(path: Path) -> tuple[dict, list[Measurement]]:
+    """The tune's identity (settings, grid) and its measurements, from a vision-tune journal."""
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    measurements = []
+    for line in lines[1:]:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("kind") == "measurement":
+            measurements.append(Measurement.from_dict(entry["measurement"]))
+    return header["identity"], measurements
+
+
+def objective_of(identity: dict) -> Objective:
+    return Objective(identity["objective"], identity["p99_ms"], identity.get("max_memory_mib", 0.0))
+
+
+def search_table(measurements: Sequence[Measurement]) -> dict[Candidate, Measurement]:
+    return {m.candidate: m for m in measurements if m.phase == "search"}
+
+
+def best(table: dict[Candidate, Measurement], objective: Objective, within: set[Candidate] | None = None):
+    feasible = [m for c, m in table.items() if objective.feasible(m) and (within is None or c in within)]
+    return max(feasible, key=objective.score, default=None)
+
+
+def replay(
+    search: Callable[..., SearchResult], space: SearchSpace, start: Candidate, scores: dict[Candidate, Score]
+) -> SearchResult:
+    return search(space, start, lambda candidate: scores[candidate])
+
+
+def from_the_defaults(space: SearchSpace, start: Candidate, evaluate) -> SearchResult:
+    """Coordinate descent as quick search does it, but from the defaults rather than the grid's middle."""
+    return quick_search(space, start, evaluate, from_center=False)
+
+
+def random_search(space: SearchSpace, budget: int, scores: dict[Candidate, Score], draws: int) -> list[float]:
+    """The best objective of ``budget`` configurations drawn at random, ``draws`` times."""
+    candidates = list(space)
+    found = []
+    for seed in range(draws):
+        chosen = random.Random(seed).sample(candidates, min(budget, len(candidates)))
+        feasible = [scores[c][1] for c in chosen if scores[c][0] == FEASIBLE]
+        found.append(max(feasible, default=0.0))
+    return found
+
+
+def compare(full_path: Path, quick_path: Path) -> dict:
+    full_identity, full_measurements = read_journal(full_path)
+    quick_identity, quick_measurements = read_journal(quick_path)
+    space = SearchSpace({k: tuple(v) for k, v in full_identity["grid"].items()})
+    if {k: tuple(v) for k, v in quick_identity["grid"].items()} != space.values:
+        raise ValueError("the two tunes searched different grids; compare tunes of the same grid")
+    objective = objective_of(full_identity)
+    full_table, quick_table = search_table(full_measurements), search_table(quick_measurements)
+    default = next(m.candidate for m in full_measurements if m.phase == "search")  # measured first: the baseline
+    full_best = best(full_table, objective, set(space))
+    quick_best = best(quick_table, objective, set(space))
+    if full_best is None:
+        raise ValueError("no configuration of the full search met the target")
+    top = objective.value(full_best)
+    scores = {c: objective.score(m) for c, m in full_table.items() if c in space}
+    missing = [c.key for c in space if c not in scores]
+    if missing:
+        raise ValueError(f"the full search did not measure {len(missing)} configurations (e.g. {missing[0]})")
+
+    def share(result: SearchResult) -> float:
+        return scores[result.best][1] / top if result.best else 0.0
+
+    quick_replay = replay(quick_search, space, default, scores)
+    descent_replay = replay(from_the_defaults, space, default, scores)
+    budget = quick_limit(space)
+    random_found = sorted(value / top for value in random_search(space, budget, scores, RANDOM_DRAWS))
+    quick_measured = sum(1 for c in quick_table if c in space)
+    record = {
+        "model": full_identity["model"],
+        "objective": f"{objective.kind} at p99 <= {objective.p99_ms:g} ms",
+        "grid_size": space.size,
+        "full": {"measured": len(scores), "best": full_best.candidate.key, "best_value": top},
+        "quick": {
+            "measured": quick_measured,
+            "share_measured": quick_measured / space.size,
+            "best": quick_best.candidate.key if quick_best else None,
+            "best_value": objective.value(quick_best) if quick_best else 0.0,
+            "share_of_full_best": objective.value(quick_best) / top if quick_best else 0.0,
+            "full_value_of_quick_choice": objective.value(full_table[quick_best.candidate]) if quick_best else 0.0,
+        },
+        "replayed_on_full_table": {
+            "quick (shipped: coordinate descent from the middle)": {
+                "measured": len(quick_replay.scores),
+                "share_of_best": share(quick_replay),
+                "best": quick_replay.best.key if quick_replay.best else None,
+            },
+            "coordinate descent from the defaults": {
+                "measured": len(descent_replay.scores),
+                "share_of_best": share(descent_replay),
+                "best": descent_replay.best.key if descent_replay.best else None,
+            },
+            f"random, {budget} configurations": {
+                "measured": budget,
+                "share_of_best_median": statistics.median(random_found),
+                "share_of_best_p10": random_found[len(random_found) // 10],
+            },
+        },
+        "tuned_vs_defaults": {
+            "full": tuned_vs_defaults(full_measurements, objective),
+            "quick": tuned_vs_defaults(quick_measurements, objective),
+        },
+    }
+    record["quick"]["full_share_of_quick_choice"] = record["quick"]["full_value_of_quick_choice"] / top
+    return record
+
+
+def tuned_vs_defaults(measurements: Sequence[Measurement], objective: Objective) -> dict:
+    by_round: dict[int, dict[str, Measurement]] = {}
+    for m in measurements:
+        if m.phase.startswith("confirm-"):
+            by_round.setdefault(m.round, {})[m.phase] = m
+    rounds = [
+        ConfirmRound(pair["confirm-defaults"], pair["confirm-tuned"])
+        for _, pair in sorted(by_round.items())
+        if len(pair) == 2
+    ]
+    ratios = confirm_ratios(rounds, objective) or {}
+    values = [
+        {
+            "defaults_rps": r.defaults.sustained_rps,
+            "tuned_rps": r.tuned.sustained_rps,
+            "defaults_p99_ms": r.defaults.sustained.p99_ms if r.defaults.sustained else None,
+            "tuned_p99_ms_same_load": r.tuned.reference.p99_ms if r.tuned.reference else None,
+        }
+        for r in rounds
+    ]
+    return {"rounds": values, **ratios}
+
+
+def markdown(record: dict) -> str:
+    q, f = record["quick"], record["full"]
+    lines = [
+        f"# Quick vs full search: {record['model']}, {record['objective']}",
+        "",
+        f"Grid: {record['grid_size']} configurations.",
+        "",
+        "| search | configurations measured | best found | objective |",
+        "|---|---|---|---|",
+        f"| full | {f['measured']} (100 %) | `{f['best']}` | {f['best_value']:.1f} |",
+        f"| quick | {q['measured']} ({q['share_measured']:.0%}) | `{q['best']}` | {q['best_value']:.1f} "
+        f"(**{q['share_of_full_best']:.1%}** of full's best) |",
+        "",
+        f"Full's own measurement of the configuration quick chose: {q['full_value_of_quick_choice']:.1f} "
+        f"({q['full_share_of_quick_choice']:.1%} of full's best).",
+        "",
+        "## Strategies replayed on full's table (same scores for all)",
+        "",
+        "| strategy | configurations | share of full's best |",
+        "|---|---|---|",
+    ]
+    for name, values in record["replayed_on_full_table"].items():
+        if "share_of_best" in values:
+            lines.append(f"| {name} | {values['measured']} | {values['share_of_best']:.1%} (`{values['best']}`) |")
+        else:
+            lines.append(
+                f"| {name} | {values['measured']} | median {values['share_of_best_median']:.1%}, "
+                f"10th percentile {values['share_of_best_p10']:.1%} |"
+            )
+    lines += ["", "## Tuned vs defaults (alternating confirm rounds of each tune)", ""]
+    for search, values in record["tuned_vs_defaults"].items():
+        if values.get("rounds"):
+            lines.append(
+                f"- {search}: throughput at the target {ratio(values.get('throughput', float('nan')))}, p99 at the "
+                f"same load {ratio(values.get('p99', float('nan')))} (medians of {len(values['rounds'])} rounds)"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", type=Path, required=True, help="the journal of a --search full tune")
+    parser.add_argument("--quick", type=Path, required=True, help="the journal of a --search quick tune")
+    parser.add_argument("--output", type=Path, help="write OUTPUT.md and OUTPUT.json")
+    args = parser.parse_args(argv)
+    try:
+        record = compare(args.full, args.quick)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(str(exc))
+    text = markdown(record)
+    print(text)
+    if args.output:
+        args.output.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        args.output.with_suffix(".md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
