@@ -6,8 +6,9 @@
 Prints and writes (``.md`` and ``.json``):
 
 - measured: the share of the grid each search measured, the best objective each found, and quick's
-  best as a share of full's; also full's own measurement of the configuration quick chose (the same
-  configuration measured twice differs by the machine's noise, so both are shown);
+  best as a share of full's (for the latency objective, full's best p99 over quick's); also full's own
+  measurement of the configuration quick chose (the same configuration measured twice differs by the
+  machine's noise, so both are shown);
 - replayed: every strategy run again over full's table of scores (no server: the scores are looked
   up), so that strategies compare on the same numbers: quick search as shipped (coordinate descent
   from the middle of the grid), coordinate descent from the defaults, and random search with quick's
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -30,6 +32,8 @@ from benchmarks.tune.search import FEASIBLE, Objective, Score, SearchResult, qui
 from benchmarks.tune.space import Candidate, SearchSpace
 
 RANDOM_DRAWS = 1000
+# What two tunes must share to be compared: only the search (and where the files went) may differ.
+SAME_IN_BOTH = ("model", "weights", "objective", "p99_ms", "rate", "grid", "images", "machine", "max_memory_mib")
 
 
 def read_journal(path: Path) -> tuple[dict, list[Measurement]]:
@@ -48,7 +52,8 @@ def read_journal(path: Path) -> tuple[dict, list[Measurement]]:
 
 
 def objective_of(identity: dict) -> Objective:
-    return Objective(identity["objective"], identity["p99_ms"], identity.get("max_memory_mib", 0.0))
+    accelerator = "cuda" if any(d.startswith("cuda") for d in identity["grid"]["device"]) else "cpu"
+    return Objective(identity["objective"], identity["p99_ms"], identity.get("max_memory_mib", 0.0), accelerator)
 
 
 def search_table(measurements: Sequence[Measurement]) -> dict[Candidate, Measurement]:
@@ -86,8 +91,9 @@ def compare(full_path: Path, quick_path: Path) -> dict:
     full_identity, full_measurements = read_journal(full_path)
     quick_identity, quick_measurements = read_journal(quick_path)
     space = SearchSpace({k: tuple(v) for k, v in full_identity["grid"].items()})
-    if {k: tuple(v) for k, v in quick_identity["grid"].items()} != space.values:
-        raise ValueError("the two tunes searched different grids; compare tunes of the same grid")
+    differing = [key for key in SAME_IN_BOTH if full_identity.get(key) != quick_identity.get(key)]
+    if differing:
+        raise ValueError(f"the two tunes differ in {', '.join(differing)}: compare tunes of one model, grid and target")
     objective = objective_of(full_identity)
     full_table, quick_table = search_table(full_measurements), search_table(quick_measurements)
     default = next(m.candidate for m in full_measurements if m.phase == "search")  # measured first: the baseline
@@ -95,7 +101,7 @@ def compare(full_path: Path, quick_path: Path) -> dict:
     quick_best = best(quick_table, objective, set(space))
     if full_best is None:
         raise ValueError("no configuration of the full search met the target")
-    top = objective.value(full_best)
+    top = objective.score(full_best)[1]  # higher is better, for either objective
     scores = {c: objective.score(m) for c, m in full_table.items() if c in space}
     missing = [c.key for c in space if c not in scores]
     if missing:
@@ -113,14 +119,15 @@ def compare(full_path: Path, quick_path: Path) -> dict:
         "model": full_identity["model"],
         "objective": f"{objective.kind} at p99 <= {objective.p99_ms:g} ms",
         "grid_size": space.size,
-        "full": {"measured": len(scores), "best": full_best.candidate.key, "best_value": top},
+        "full": {"measured": len(scores), "best": full_best.candidate.key, "best_value": objective.value(full_best)},
         "quick": {
             "measured": quick_measured,
             "share_measured": quick_measured / space.size,
             "best": quick_best.candidate.key if quick_best else None,
-            "best_value": objective.value(quick_best) if quick_best else 0.0,
-            "share_of_full_best": objective.value(quick_best) / top if quick_best else 0.0,
-            "full_value_of_quick_choice": objective.value(full_table[quick_best.candidate]) if quick_best else 0.0,
+            "best_value": objective.value(quick_best) if quick_best else math.nan,
+            "share_of_full_best": objective.score(quick_best)[1] / top if quick_best else 0.0,
+            "full_value_of_quick_choice": objective.value(full_table[quick_best.candidate]) if quick_best else math.nan,
+            "full_share_of_quick_choice": scores[quick_best.candidate][1] / top if quick_best else 0.0,
         },
         "replayed_on_full_table": {
             "quick (shipped: coordinate descent from the middle)": {
@@ -144,7 +151,6 @@ def compare(full_path: Path, quick_path: Path) -> dict:
             "quick": tuned_vs_defaults(quick_measurements, objective),
         },
     }
-    record["quick"]["full_share_of_quick_choice"] = record["quick"]["full_value_of_quick_choice"] / top
     return record
 
 

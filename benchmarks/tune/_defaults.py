@@ -21,9 +21,10 @@ CPU_PIPELINE_DEPTHS = (0,)
 # DALI runs its CPU pipelines here too; machine.py keeps the backends that import.
 CPU_PREPROCESS = ("pil", "dali")
 
-# The grid on a GPU: the engines whose libraries are there (TensorRT where torch_tensorrt imports;
-# ONNX Runtime where its CUDA provider does), every GPU preprocessing backend that imports, and the
-# device itself: one GPU, or all of them where there are several.
+# The grid on a GPU: the engines to try (compile-trt reports those whose libraries are not there,
+# TensorRT without torch_tensorrt, ONNX without its CUDA provider, and they are dropped), every GPU
+# preprocessing backend that imports, and the device itself: one GPU, or all of them where there
+# are several.
 GPU_ENGINES = ("tensorrt-fp16", "tensorrt-fp32", "inductor-fp16", "inductor-bf16", "onnx-fp16")
 GPU_MAX_BATCH_SIZES = (8, 32, 64, 128)
 GPU_BATCH_TIMEOUTS_MS = (0.0, 2.0)
@@ -38,10 +39,16 @@ ENGINE_BATCH_MIN = 1
 ENGINE_BATCH_OPT = 8
 ENGINE_BATCH_MAX_AT_LEAST = 32
 
-# Measuring one configuration (measure.py). A closed loop at rising concurrency (1, 2, 4, ...) up to
-# MAX_CONCURRENCY_PER_SLOT x max batch x workers x devices: beyond twice what the workers batch at once,
-# batches are full and only the queue grows. Each step runs STEP_SECONDS of requests, at least
-# MIN_REQUESTS (the p99 of 50 is their second largest: coarse, and time is what a tune costs).
+# Measuring one configuration (measure.py). First a warm-up: WARMUP_ROUNDS rounds of requests at the
+# concurrency the workers batch at once (at most WARMUP_MAX_CONCURRENCY, at least WARMUP_MIN_REQUESTS
+# requests), so that first runs of each batch shape are not measured. Then a closed loop at rising
+# concurrency (1, 2, 4, ...) up to MAX_CONCURRENCY_PER_SLOT x max batch x workers x devices: beyond
+# twice what the workers batch at once, batches are full and only the queue grows. Each step runs
+# STEP_SECONDS of requests, at least MIN_REQUESTS (the p99 of 50 is their largest: coarse, and time
+# is what a tune costs; --step-seconds buys precision).
+WARMUP_ROUNDS = 2
+WARMUP_MAX_CONCURRENCY = 16
+WARMUP_MIN_REQUESTS = 8
 STEP_SECONDS = 4.0
 MIN_REQUESTS = 50
 MAX_REQUESTS_PER_STEP = 20_000
@@ -61,6 +68,14 @@ POISSON_SECONDS = 8.0
 # they are within RATE_RESOLUTION of each other: 0.8, then 0.9 or 0.4, 0.6, 0.7 or 0.5 of the capacity.
 MAX_POISSON_RUNS = 4
 RATE_RESOLUTION = 0.125
+# A load run stops sending after RUN_LIMIT_FACTOR x its planned length + RUN_LIMIT_EXTRA_S, so that a
+# configuration far slower than planned still ends.
+RUN_LIMIT_FACTOR = 4
+RUN_LIMIT_EXTRA_S = 30.0
+# Load generator processes: one Python client carries a CPU server's few hundred requests per second,
+# not a GPU's thousands.
+CPU_CLIENT_PROCESSES = 1
+GPU_CLIENT_PROCESSES = 4
 # Memory of the server's processes is sampled this often while it is loaded.
 MEMORY_SAMPLE_S = 1.0
 # The servers a tune starts raise the queue limit and deadline, so that a slow configuration shows as
@@ -68,8 +83,8 @@ MEMORY_SAMPLE_S = 1.0
 BENCH_REQUEST_TIMEOUT_S = 600
 BENCH_MAX_QUEUE = 4096
 
-# Quick search (search.py): coordinate descent from the defaults, measuring at most this share of
-# the grid, or one pass over every dimension where that is more (a grid of a few points).
+# Quick search (search.py): coordinate descent from the middle of the grid, measuring at most this
+# share of it, or one pass over every dimension where that is more (a grid of a few points).
 QUICK_MAX_SHARE = 0.3
 QUICK_MAX_PASSES = 3
 # A move along a dimension must beat the current configuration by this much (noise, not a gain).

@@ -24,10 +24,11 @@ _HELP = {
     **SHARED_HELP,
     "p99_ms": "the latency target: the p99 in milliseconds the tuned configuration must meet (required)",
     "objective": "throughput: most images/s with p99 within the target; latency: lowest p99 at --rate",
-    "rate": "--objective latency: the Poisson load, requests/s; 0: 80%% of what the defaults sustain at the target",
+    "rate": "--objective latency: the Poisson load, requests/s; 0: the rate the defaults sustain within the target",
     "budget_min": "stop searching after this many minutes (the confirm rounds included) and answer with the best "
     "found; 0: no limit",
-    "search": "quick: coordinate descent from the defaults (at most 30%% of the grid); full: every configuration",
+    "search": f"quick: coordinate descent from the middle of the grid (at most {_defaults.QUICK_MAX_SHARE:.0%} of "
+    "it); full: every configuration".replace("%", "%%"),
     "images": "a folder of images to send (cycled); default: the project's benchmark photos",
     "output": "the tuned config file (vision-serve --config FILE); the report (.md), plot (.png) and every "
     "measurement (.csv) go beside it",
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _stop_on_signals()
     # torch and the load generator after the argument checks, so that --help and usage errors are fast.
     from benchmarks.tune.report import ratios_text
-    from benchmarks.tune.tuner import TuneFailed, Tuner
+    from benchmarks.tune.tuner import TuneFailed, Tuner, TuneSetupError
 
     try:
         outcome = Tuner(settings).run()
@@ -138,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TuneFailed as exc:
         print(f"vision-tune: {exc}", file=sys.stderr)
         return EXIT_NO_ANSWER
-    except ValueError as exc:  # settings the machine or the work folder refuse: what to change
+    except TuneSetupError as exc:  # settings the machine or the work folder refuse: what to change
         parser.error(str(exc))
     record = outcome.record
     print(f"Tuned: {record.tuned.key} -> {outcome.toml}")

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,17 +51,33 @@ class EngineBuild:
     seconds: float
     message: str  # the gate's metrics, or compile-trt's reason
     command: list[str] = field(default_factory=list)  # the compile-trt command, as a user would type it
+    batch: tuple[int, ...] = ()  # MIN,OPT,MAX it was compiled for
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def key(self) -> str:
+        return build_key(self.engine, self.batch)
+
+    @property
+    def retry_on_resume(self) -> bool:
+        """A build that failed for want of a library or by a crash may work once that is mended; a gate
+        failure is the engine's own answer (and other thresholds make another tune)."""
+        return self.status in (UNAVAILABLE, FAILED)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineBuild:
-        return cls(**values)
+        return cls(**{**values, "batch": tuple(values.get("batch", ()))})
+
+
+def build_key(engine: str, batch: Sequence[int]) -> str:
+    """How the journal names a build: ``onnx-fp32 1,8,32``."""
+    return f"{engine} {','.join(map(str, batch))}"
 
 
 def model_slug(settings: TuneSettings) -> str:
@@ -85,7 +102,8 @@ def compile_arguments(
     arguments = ["--model", settings.model, "--weights", settings.weights]
     for name in PASSED_ON:
         value = getattr(settings, name)
-        if value not in ("", 0, None):
+        given = value is not None if name.startswith("gate_m") else value not in ("", 0)  # a threshold may be 0
+        if given:
             arguments += [flag(name), str(value)]
     arguments += [
         "--backend", backend, "--precision", precision, "--batch", ",".join(map(str, batch)),
@@ -99,7 +117,7 @@ def gate_or_reason(stderr: str) -> str:
     reason it refused), else the end of what it wrote."""
     lines = stderr.rstrip().splitlines()
     for index, line in enumerate(lines):
-        if line.startswith(("compile-trt: ", "compile-trt: error: ")):
+        if line.startswith("compile-trt: "):  # its gate table, or argparse's "compile-trt: error: ..."
             return "\n".join(lines[index : index + MESSAGE_LINES])
     return "\n".join(lines[-MESSAGE_LINES:])
 
@@ -121,7 +139,7 @@ def build_engine(
     output = artifact_dir(settings, engine, batch)
     arguments = compile_arguments(settings, engine, batch, output, accelerator)
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"compile-{engine}.log"
+    log_path = log_dir / f"compile-{engine}-b{'-'.join(map(str, batch))}.log"
     started = time.perf_counter()
     with log_path.open("w") as log:
         completed = subprocess.run(
@@ -138,8 +156,8 @@ def build_engine(
     if status == OK:
         cached = "cache hit" in log_path.read_text(errors="replace")  # compile-trt's own words
         summary = ("up to date (compile-trt's cache); " if cached else "") + gate_summary(output)
-        return EngineBuild(engine, OK, str(output), seconds, summary, command)
+        return EngineBuild(engine, OK, str(output), seconds, summary, command, tuple(batch))
     message = gate_or_reason(completed.stderr)
     if status == FAILED:
         message = f"compile-trt exited with {completed.returncode} (log: {log_path}):\n{message}"
-    return EngineBuild(engine, status, "", seconds, message, command)
+    return EngineBuild(engine, status, "", seconds, message, command, tuple(batch))

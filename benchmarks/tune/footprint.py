@@ -1,9 +1,10 @@
 """The memory a running server takes: its whole process tree on the host, and its GPUs' memory.
 
 Host: RSS summed over the processes (shared pages counted in each) and PSS (shared pages split
-between them, what the processes cost together), sampled in a thread while the server is loaded;
-the peaks are kept. GPU: the server's own gauge ``vision_serve_gpu_memory_used_bytes`` from its
-/metrics, summed over the devices.
+between them, what the processes cost together). GPU: the server's own gauge
+``vision_serve_gpu_memory_used_bytes`` from its /metrics, summed over its devices; it is the
+device's memory in use (total - free, as nvidia-smi shows), so on a GPU shared with other processes
+it counts theirs too. Both are sampled in a thread while the server is loaded; the peaks are kept.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def gpu_memory_mib(base_url: str) -> float:
 class FootprintSampler:
     """``with FootprintSampler(pid, url) as sampler: ...; sampler.peak()``."""
 
-    def __init__(self, pid: int, base_url: str, interval_s: float = _defaults.MEMORY_SAMPLE_S) -> None:
-        self.pid, self.base_url, self.interval_s = pid, base_url, interval_s
+    def __init__(
+        self, pid: int, base_url: str, gpu: bool = False, interval_s: float = _defaults.MEMORY_SAMPLE_S
+    ) -> None:
+        self.pid, self.base_url, self.gpu, self.interval_s = pid, base_url, gpu, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="footprint", daemon=True)
         self._rss = self._pss = self._gpu = 0.0
@@ -76,9 +79,8 @@ class FootprintSampler:
     def sample(self) -> None:
         rss, pss = tree_memory(self.pid)
         self._rss, self._pss = max(self._rss, rss), max(self._pss, pss)
-
-    def sample_gpu(self) -> None:
-        self._gpu = max(self._gpu, gpu_memory_mib(self.base_url))
+        if self.gpu:
+            self._gpu = max(self._gpu, gpu_memory_mib(self.base_url))
 
     def peak(self) -> Footprint:
         return Footprint(round(self._rss, 1), round(self._pss, 1), round(self._gpu, 1))

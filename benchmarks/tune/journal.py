@@ -43,9 +43,10 @@ class Journal:
     def __init__(self, path: Path, identity: dict) -> None:
         self.path = path
         self.identity = identity
-        self.engines: dict[str, EngineBuild] = {}
+        self.engines: dict[str, EngineBuild] = {}  # EngineBuild.key -> it
         self.measurements: dict[tuple[str, str, int], Measurement] = {}  # (phase, key, round) -> it
         self.spent_s = 0.0  # time spent by earlier runs on what they finished
+        self.resumed = 0  # finished pieces of work read back when it was opened
 
     @classmethod
     def open(cls, path: Path, identity: dict, restart: bool = False) -> Journal:
@@ -54,17 +55,13 @@ class Journal:
         journal = cls(path, identity)
         if path.exists() and not restart:
             journal._read()
+            journal.resumed = len(journal.engines) + len(journal.measurements)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             header = {"kind": "header", "fingerprint": fingerprint(identity), "identity": identity}
             header["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             path.write_text(json.dumps(header) + "\n")
         return journal
-
-    @property
-    def resumed(self) -> int:
-        """How many finished pieces of work were read back."""
-        return len(self.engines) + len(self.measurements)
 
     def _read(self) -> None:
         lines = self.path.read_text().splitlines()
@@ -88,7 +85,7 @@ class Journal:
     def _take(self, entry: dict) -> None:
         if entry["kind"] == "engine":
             build = EngineBuild.from_dict(entry["build"])
-            self.engines[build.engine] = build
+            self.engines[build.key] = build
             self.spent_s += build.seconds
         elif entry["kind"] == "measurement":
             measurement = Measurement.from_dict(entry["measurement"])
@@ -102,7 +99,7 @@ class Journal:
             os.fsync(f.fileno())
 
     def add_engine(self, build: EngineBuild) -> None:
-        self.engines[build.engine] = build
+        self.engines[build.key] = build
         self._append({"kind": "engine", "build": build.as_dict()})
 
     def add_measurement(self, measurement: Measurement) -> None:

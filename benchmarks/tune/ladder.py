@@ -9,7 +9,7 @@ at a power of two that happens to sit far below its limit. Pure: no server, no c
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from benchmarks.tune import _defaults
 
@@ -32,6 +32,7 @@ class Step:
     p99_ms: float
     batch_size_mean: float | None
     elapsed_s: float
+    statuses: dict[str, int] = field(default_factory=dict)  # answers by HTTP status ("lost": none came)
 
     @classmethod
     def from_summary(cls, summary: dict, concurrency: int = 0, rate: float = 0.0) -> Step:
@@ -50,6 +51,7 @@ class Step:
             p99_ms=latency["p99"],
             batch_size_mean=summary["batch_size_mean"],
             elapsed_s=summary["elapsed_s"],
+            statuses=summary["statuses"],
         )
 
     def meets(self, p99_ms: float) -> bool:
@@ -59,6 +61,13 @@ class Step:
     @property
     def label(self) -> str:
         return f"c={self.concurrency}" if self.load == CLOSED else f"Poisson {self.rate:.3g}/s"
+
+    def failures(self) -> str:
+        """``"3 of 50 requests failed (400: 3)"``; "" when every answer was a 200."""
+        if not self.errors:
+            return ""
+        failed = ", ".join(f"{status}: {n}" for status, n in sorted(self.statuses.items()) if status != "200")
+        return f"{self.errors} of {self.requests} requests failed" + (f" ({failed})" if failed else "")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -48,6 +48,7 @@ class LoadPlan:
     max_concurrency: int  # 0: from the configuration
     client_processes: int
     devices: int  # GPUs a configuration with device "cuda" spreads over (1 on a CPU)
+    gpu: bool = False  # sample the GPU's memory too
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def measure(
                 candidate, phase, round_number, FAILED, plan.p99_ms, seconds=seconds, error=str(exc)[-2000:]
             )
         startup_s = time.perf_counter() - started
-        with FootprintSampler(server.process.pid, server.url) as sampler:
+        with FootprintSampler(server.process.pid, server.url, gpu=plan.gpu) as sampler:
             load = _Load(candidate, f"{server.url}/predict", images, plan, status)
             steps = load.ladder()
             capacity = choose(steps, plan.p99_ms)
@@ -158,10 +159,10 @@ def measure(
                 poisson.fixed_rate,
             ))  # fmt: skip
             reference = load.poisson_run(poisson.reference_rate) if poisson.reference_rate else None
-            sampler.sample_gpu()
         footprint = sampler.peak()
     finally:
         server.stop()
+        server.kill_group()  # what a server that had to be killed left of its workers
     return Measurement(
         candidate,
         phase,
@@ -191,11 +192,12 @@ class _Load:
         self.ceiling = max_concurrency(
             candidate.max_batch_size, candidate.workers_per_device, devices, plan.max_concurrency
         )
-        self.warmup = min(self.ceiling, slots, 16)
+        self.warmup = min(self.ceiling, slots, _defaults.WARMUP_MAX_CONCURRENCY)
 
     def ladder(self) -> list[Step]:
         self.status(f"{self.candidate.key}: warming up")
-        self._run(LoadSpec(max(8, 2 * self.warmup), concurrency=self.warmup, max_seconds=self.max_seconds))
+        requests = max(_defaults.WARMUP_MIN_REQUESTS, _defaults.WARMUP_ROUNDS * self.warmup)
+        self._run(LoadSpec(requests, concurrency=self.warmup, max_seconds=self.max_seconds))
         ladder = Ladder(self.plan.p99_ms, self.ceiling)
         while (concurrency := ladder.next_concurrency()) is not None:
             last = ladder.steps[-1].throughput_rps if ladder.steps else None
@@ -225,7 +227,8 @@ class _Load:
     @property
     def max_seconds(self) -> float:
         """A bound on one load run: a configuration far slower than the step length still ends."""
-        return 4 * max(self.plan.step_seconds, self.plan.poisson_seconds) + 30
+        planned = max(self.plan.step_seconds, self.plan.poisson_seconds)
+        return _defaults.RUN_LIMIT_FACTOR * planned + _defaults.RUN_LIMIT_EXTRA_S
 
     def _run(self, spec: LoadSpec) -> dict:
         processes = self.plan.client_processes

@@ -89,11 +89,14 @@ class TuneProgress:
             self.total = max(total, self.done)
         self._draw()
 
-    def item_done(self, seconds: float, counted: bool = True) -> None:
-        """A configuration was measured (``seconds`` long); ``counted``: it is one of ``total``."""
+    def item_done(self, seconds: float, quiet: bool = False) -> None:
+        """A configuration was measured (``seconds`` long), or read back from the journal (``quiet``: it
+        counts, for the bar, the ETA and the budget, without a line of its own)."""
         with self._lock:
             self.durations.append(seconds)
-            self.done += 1 if counted else 0
+            self.done += 1
+        if quiet:
+            return
         self._draw()
         if not self.live:
             logger.info("%s", self.line())

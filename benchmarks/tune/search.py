@@ -42,20 +42,21 @@ class Objective:
     def why_not(self, m: Measurement) -> str:
         """Why ``m`` does not meet the constraints; "" when it does."""
         if m.status != OK:
-            return "the server did not start"
+            first_line = next((line for line in m.error.splitlines() if line.strip()), "")
+            return f"the server did not start: {first_line}" if first_line else "the server did not start"
         if m.chosen is None:
             first = m.steps[0] if m.steps else None
             if first is None:
                 return "no load step ran"
             if first.errors:
-                return f"{first.errors} of {first.requests} requests failed at c=1"
+                return f"{first.failures()} at c=1"
             return f"p99 {first.p99_ms:.0f} ms at c=1 > {self.p99_ms:g} ms"
         if not m.poisson_runs:
             return f"its throughput at the target, {m.capacity_rps:.3g}/s, is below the objective's rate"
         if m.sustained is None:
             lowest = min(m.poisson_runs, key=lambda run: run.rate)
             if lowest.errors:
-                return f"{lowest.errors} of {lowest.requests} Poisson requests failed at {lowest.rate:.3g}/s"
+                return f"{lowest.failures()} at Poisson {lowest.rate:.3g}/s"
             return f"Poisson p99 {lowest.p99_ms:.0f} ms at {lowest.rate:.3g}/s > {self.p99_ms:g} ms"
         if self.max_memory_mib and self.memory_mib(m) > self.max_memory_mib:
             return f"memory {self.memory_mib(m):.0f} MiB > {self.max_memory_mib:g} MiB"

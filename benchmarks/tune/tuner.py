@@ -15,10 +15,10 @@ from pathlib import Path
 
 from benchmarks.images import read_images, write_benchmark_images
 from benchmarks.tune import _defaults
-from benchmarks.tune.engines import EngineBuild, build_engine
+from benchmarks.tune.engines import EngineBuild, build_engine, build_key
 from benchmarks.tune.journal import NOT_FINGERPRINTED, Journal
 from benchmarks.tune.machine import Machine, build_grid, default_candidate, engine_batch, probe_machine
-from benchmarks.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
+from benchmarks.tune.measure import FAILED, LoadPlan, Measurement, PoissonPlan, measure
 from benchmarks.tune.output import write_serve_config
 from benchmarks.tune.progress import TuneProgress, clock
 from benchmarks.tune.report import ConfirmRound, TuneRecord, markdown, ratios_text, write_csv, write_plot
@@ -29,8 +29,12 @@ from compile import _defaults as compile_defaults
 
 logger = logging.getLogger(__name__)
 
-
 SEARCH, CONFIRM_DEFAULTS, CONFIRM_TUNED = "search", "confirm-defaults", "confirm-tuned"  # Measurement.phase
+ANSWER_MARK = "# vision-tune:"  # the first line of every answer file: only those are ever replaced or removed
+
+
+class TuneSetupError(ValueError):
+    """The settings do not fit this machine or the work folder: what to change (a usage error)."""
 
 
 class TuneFailed(RuntimeError):
@@ -68,13 +72,53 @@ def file_slug(candidate: Candidate) -> str:
 
 
 class Tuner:
+    """``Tuner(settings).run()``: the whole tune; see the module docstring."""
+
+    # Set up by run(), before anything is measured.
+    machine: Machine
+    space: SearchSpace
+    notes: list[str]
+    default: Candidate
+    images: list[bytes]
+    journal: Journal
+    objective: Objective
+    plan: LoadPlan
+    progress: TuneProgress
+    builds: dict[str, EngineBuild]  # the grid's engines, by name
+    default_build: EngineBuild  # the defaults' engine, at compile-trt's default batch
+    latency_rate: float  # the latency objective's Poisson rate, once known (0.0 before, and for throughput)
+
     def __init__(self, settings: TuneSettings, live_progress: bool | None = None) -> None:
         self.settings = settings
         self.live_progress = live_progress
         self.work = settings.work_dir
         self.output = settings.output_path
+        self.search_measurements: dict[Candidate, Measurement] = {}
 
     # ---- setup --------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """What the machine offers, the images, the journal; ``TuneSetupError`` says what does not fit."""
+        s = self.settings
+        try:
+            self.machine = probe_machine(s.device)
+            self.space, self.notes = build_grid(s, self.machine)
+            self.default = default_candidate(self.machine)
+            self.images = self._images()
+            self.work.mkdir(parents=True, exist_ok=True)
+            identity = self._identity()
+            self.journal = Journal.open(self.work / _defaults.JOURNAL_FILE, identity, s.restart)
+        except ValueError as exc:
+            raise TuneSetupError(str(exc)) from None
+        gpu = self.machine.accelerator == "cuda"
+        self.objective = Objective(s.objective, s.p99_ms, s.max_memory_mib, self.machine.accelerator)
+        clients = s.client_processes or (_defaults.GPU_CLIENT_PROCESSES if gpu else _defaults.CPU_CLIENT_PROCESSES)
+        self.plan = LoadPlan(
+            s.p99_ms, s.step_seconds, s.min_requests, s.poisson_seconds, s.load_factor, s.max_concurrency,
+            clients, max(self.machine.gpu_count, 1), gpu,
+        )  # fmt: skip
+        self.latency_rate = s.rate
+        self.progress = TuneProgress(0, 60 * s.budget_min, self.journal.spent_s, live=self.live_progress)
 
     def _images(self) -> list[bytes]:
         if self.settings.images:
@@ -84,51 +128,76 @@ class Tuner:
             write_benchmark_images(directory)
         return read_images(directory)
 
-    def _identity(self, machine: Machine, space: SearchSpace, default: Candidate, images: list[bytes]) -> dict:
+    def _identity(self) -> dict:
         measured = {k: v for k, v in self.settings.as_dict().items() if k not in NOT_FINGERPRINTED}
         return {
             **measured,
-            "grid": space.as_dict(),
-            "default": default.key,
-            "machine": machine.name,
-            "images": images_digest(images),
+            "grid": self.space.as_dict(),
+            "default": self.default.key,
+            "machine": self.machine.name,
+            "images": images_digest(self.images),
         }
 
     # ---- engines ------------------------------------------------------------------------------
 
-    def _engines(self, engines: list[str], batch: tuple[int, int, int], machine: Machine) -> dict[str, EngineBuild]:
-        builds = {}
-        for engine in engines:
-            build = self.journal.engines.get(engine)
-            if build is None or (build.ok and not (Path(build.artifact) / compile_defaults.MANIFEST_FILE).exists()):
-                self.progress.status(f"compiling {engine} (compile-trt, then its accuracy gate)")
-                build = build_engine(self.settings, engine, batch, self.work / "logs", machine.accelerator)
-                self.journal.add_engine(build)
-            if build.ok:
-                self.progress.message(f"{engine}: accuracy gate passed, {build.seconds:.0f} s ({build.message})")
-            else:
-                first = build.message.splitlines()[0] if build.message else ""
-                self.progress.message(f"{engine}: DROPPED, {build.status}: {first}")
-            builds[engine] = build
-        return builds
+    def _build(self, engine: str, batch: tuple[int, int, int]) -> EngineBuild:
+        """The journal's build of ``engine`` at ``batch``, or compile-trt's now."""
+        build = self.journal.engines.get(build_key(engine, batch))
+        stale = build is not None and (
+            build.retry_on_resume or (build.ok and not (Path(build.artifact) / compile_defaults.MANIFEST_FILE).exists())
+        )
+        if build is None or stale:
+            self.progress.status(f"compiling {engine} (compile-trt, then its accuracy gate)")
+            build = build_engine(self.settings, engine, batch, self.work / "logs", self.machine.accelerator)
+            self.journal.add_engine(build)
+        if build.ok:
+            self.progress.message(f"{engine}: accuracy gate passed, {build.seconds:.0f} s ({build.message})")
+        else:
+            first = build.message.splitlines()[0] if build.message else ""
+            self.progress.message(f"{engine}: DROPPED, {build.status}: {first}")
+        return build
+
+    def _engines(self) -> None:
+        """Every engine of the grid at the grid's batch range, and the defaults' at compile-trt's own
+        (the same build where the two ranges agree, as on a CPU)."""
+        batch = engine_batch(self.space)
+        self.builds = {engine: self._build(engine, batch) for engine in self.space.values["engine"]}
+        default_batch = tuple(compile_defaults.DEFAULT_BATCH)
+        same = batch == default_batch and self.default.engine in self.builds
+        self.default_build = (
+            self.builds[self.default.engine] if same else self._build(self.default.engine, default_batch)
+        )
+        dropped = {e for e, b in self.builds.items() if not b.ok}
+        try:
+            self.space = self.space.without_engines(dropped)
+        except ValueError:
+            reasons = "; ".join(
+                f"{e}: {b.status}: {b.message.splitlines()[0] if b.message else ''}" for e, b in self.builds.items()
+            )
+            raise TuneFailed(f"No engine of the grid compiled and passed its accuracy gate ({reasons}).") from None
+
+    def _artifact(self, candidate: Candidate) -> Path:
+        build = self.default_build if candidate == self.default else self.builds[candidate.engine]
+        return Path(build.artifact)
 
     # ---- measuring ----------------------------------------------------------------------------
 
     def _measure(
-        self, candidate: Candidate, config: Path, poisson: PoissonPlan, phase: str, round_number: int, counted: bool
+        self, candidate: Candidate, config: Path, poisson: PoissonPlan, phase: str, round_number: int
     ) -> Measurement:
         known = self.journal.measurement(phase, candidate.key, round_number)
         if known is not None:
+            self.progress.item_done(known.seconds, quiet=True)
             return known
         log = self.work / "logs" / f"server-{phase}-{round_number}-{file_slug(candidate)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         m = measure(candidate, config, self.images, self.plan, poisson, log, self.progress.status, phase, round_number)
         self.journal.add_measurement(m)
-        self.progress.item_done(m.seconds, counted)
-        self.progress.message(self._describe(m))
+        self.progress.item_done(m.seconds)
+        self.progress.message(self._describe(m, log))
         return m
 
-    def _describe(self, m: Measurement) -> str:
+    def _describe(self, m: Measurement, log: Path) -> str:
         label = f"{m.phase} {m.round + 1}: " if m.phase != SEARCH else ""
         if self.objective.feasible(m):
             run = m.sustained
@@ -136,135 +205,109 @@ class Tuner:
                 f"{label}{m.candidate.key}: Poisson {run.rate:.3g}/s at p99 {run.p99_ms:.0f} ms (closed loop "
                 f"{m.capacity_rps:.1f} img/s at c={m.chosen.concurrency}) ({m.seconds:.0f} s)"
             )
-        return f"{label}{m.candidate.key}: misses the target: {self.objective.why_not(m)} ({m.seconds:.0f} s)"
+        where = f" (log: {log})" if m.status == FAILED else ""
+        return f"{label}{m.candidate.key}: misses the target: {self.objective.why_not(m)}{where} ({m.seconds:.0f} s)"
 
     def _config_file(self, candidate: Candidate) -> Path:
         path = self.work / "configs" / f"{file_slug(candidate)}.toml"
-        artifact = Path(self.builds[candidate.engine].artifact)
-        return write_serve_config(path, candidate.serve_values(artifact), [f"vision-tune candidate {candidate.key}"])
+        values = candidate.serve_values(self._artifact(candidate))
+        return write_serve_config(path, values, [f"vision-tune candidate {candidate.key}"])
 
     def _search_poisson(self) -> PoissonPlan:
-        """The Poisson runs of the search: a rate search (throughput), or one run at the latency objective's
-        rate; before that rate is known (the defaults' run, without --rate), one run at LOAD_FACTOR of the
-        defaults' throughput at the target, which then becomes the rate."""
-        if self.objective.kind == "throughput":
-            return PoissonPlan()
-        if self.latency_rate:
+        """The Poisson runs of the search: a rate search, or for the latency objective one run at its
+        rate once that is known (--rate, else what the defaults sustain: their run is a rate search)."""
+        if self.objective.kind == "latency" and self.latency_rate:
             return PoissonPlan(fixed_rate=self.latency_rate)
-        return PoissonPlan(max_runs=1)
+        return PoissonPlan()
 
-    def _out_of_time(self) -> bool:
-        return out_of_time(
+    def _evaluate(self, candidate: Candidate) -> Score | None:
+        known = self.journal.measurement(SEARCH, candidate.key)
+        if known is None and out_of_time(
             self.progress.elapsed_s,
             self.progress.durations,
             self.settings.confirm_rounds,
             60 * self.settings.budget_min,
-        )
-
-    def _evaluate(self, candidate: Candidate) -> Score | None:
-        if self.journal.measurement(SEARCH, candidate.key) is None and self._out_of_time():
+        ):
             return None
-        m = self._measure(candidate, self._config_file(candidate), self._search_poisson(), SEARCH, 0, True)
+        m = self._measure(candidate, self._config_file(candidate), self._search_poisson(), SEARCH, 0)
         self.search_measurements.setdefault(candidate, m)
         return self.objective.score(m)
 
     # ---- the tune -----------------------------------------------------------------------------
 
     def run(self) -> TuneOutcome:
-        s = self.settings
-        machine = probe_machine(s.device)
-        space, notes = build_grid(s, machine)
-        default = default_candidate(machine)
-        self.images = self._images()
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal.open(
-            self.work / _defaults.JOURNAL_FILE, self._identity(machine, space, default, self.images), s.restart
-        )
-        self.objective = Objective(s.objective, s.p99_ms, s.max_memory_mib, machine.accelerator)
-        self.plan = LoadPlan(
-            s.p99_ms, s.step_seconds, s.min_requests, s.poisson_seconds, s.load_factor, s.max_concurrency,
-            s.client_processes or (4 if machine.accelerator == "cuda" else 1), max(machine.gpu_count, 1),
-        )  # fmt: skip
-        self.search_measurements: dict[Candidate, Measurement] = {}
-        self.latency_rate = s.rate
-        self.progress = TuneProgress(0, 60 * s.budget_min, self.journal.spent_s, live=self.live_progress)
+        self._setup()
         try:
-            return self._run(machine, space, notes, default)
+            return self._run()
         finally:
             self.progress.close()
 
-    def _run(self, machine: Machine, space: SearchSpace, notes: list[str], default: Candidate) -> TuneOutcome:
+    def _run(self) -> TuneOutcome:
         s = self.settings
         if self.journal.resumed:
             self.progress.message(
                 f"Resuming the tune in {self.work}: {self.journal.resumed} finished pieces of work read back "
                 f"({clock(self.journal.spent_s)} of work)."
             )
-        engines = list(dict.fromkeys([*space.values["engine"], default.engine]))
-        self.builds = self._engines(engines, engine_batch(space), machine)
-        dropped = {e for e, b in self.builds.items() if not b.ok}
-        try:
-            space = space.without_engines(dropped)
-        except ValueError:
-            reasons = "; ".join(
-                f"{e}: {b.status}: {b.message.splitlines()[0] if b.message else ''}" for e, b in self.builds.items()
+        self._engines()
+        limit = self.space.size if s.search == "full" else quick_limit(self.space)
+        self.progress.set_total(limit + int(self.default not in self.space) + 2 * s.confirm_rounds)
+        if self.default_build.ok:
+            baseline = self._measure(self.default, self._config_file(self.default), self._search_poisson(), SEARCH, 0)
+            self.search_measurements[self.default] = baseline
+            self.latency_rate = self._latency_rate(baseline)
+        elif self.objective.kind == "latency" and not self.latency_rate:
+            raise TuneFailed(
+                f"--objective latency without --rate offers the load the defaults sustain, and their engine "
+                f"({self.default.engine}) did not build: {self.default_build.message}. Give --rate R."
             )
-            raise TuneFailed(f"No engine of the grid compiled and passed its accuracy gate ({reasons}).") from None
-        limit = space.size if s.search == "full" else quick_limit(space)
-        outside = default not in space
-        self.progress.set_total(limit + int(outside) + 2 * s.confirm_rounds)
-        baseline = None
-        if self.builds[default.engine].ok:
-            baseline = self._measure(default, self._config_file(default), self._search_poisson(), SEARCH, 0, True)
-            self.search_measurements[default] = baseline
-        self.latency_rate = self._latency_rate(baseline)
-        started = self.progress.elapsed_s
         search = full_search if s.search == "full" else quick_search
-        result = search(space, default, self._evaluate)
-        logger.debug("search took %.0f s", self.progress.elapsed_s - started)
-        record = self._record(machine, space, notes, default, result)
+        result = search(self.space, self.default, self._evaluate)
+        record = self._record(result)
         toml = None
         if record.tuned is not None:
-            toml = self._write_answer(record, comments=self._comments(record))
-            record.confirm = self._confirm(default, record)
+            toml = self._write_answer(record)
+            record.confirm = self._confirm(record)
             record.confirm_load = self._confirm_load_note()
-            toml = self._write_answer(record, comments=self._comments(record))
+            toml = self._write_answer(record)
+        else:
+            self._remove_stale_answer()
         record.spent_s = self.progress.elapsed_s
         outcome = self._write_report(record, toml)
         if record.tuned is None:
             raise TuneFailed(self._no_answer(record, outcome.report))
         return outcome
 
-    def _latency_rate(self, baseline: Measurement | None) -> float:
-        """The latency objective's load: --rate, else LOAD_FACTOR of what the defaults sustain."""
+    def _latency_rate(self, baseline: Measurement) -> float:
+        """The latency objective's load: --rate, else the Poisson rate the defaults sustain within the target."""
         if self.objective.kind != "latency":
             return 0.0
         if self.settings.rate:
             return self.settings.rate
-        if baseline is None or not baseline.poisson_runs:
+        if baseline.sustained is None:
             raise TuneFailed(
                 f"--objective latency without --rate offers the load the defaults sustain at p99 <= "
-                f"{self.settings.p99_ms:g} ms, and the defaults sustain none here. Give --rate R (requests/s)."
+                f"{self.settings.p99_ms:g} ms, and the defaults sustain none here "
+                f"({self.objective.why_not(baseline)}). Give --rate R (requests/s)."
             )
-        return baseline.poisson_runs[0].rate
+        return baseline.sustained.rate
 
-    def _record(
-        self, machine: Machine, space: SearchSpace, notes: list[str], default: Candidate, result: SearchResult
-    ) -> TuneRecord:
+    def _record(self, result: SearchResult) -> TuneRecord:
         measurements = list(self.search_measurements.values())
         feasible = [m for m in measurements if self.objective.feasible(m)]
         best = max(feasible, key=self.objective.score, default=None)  # the defaults' run is one of them
+        machine = self.machine
+        gpus = f", {machine.gpu_count} GPUs" if machine.accelerator == "cuda" else ""
         return TuneRecord(
             model=self.settings.name or self.settings.model,
             objective=self.objective,
             search=self.settings.search,
-            machine=f"{machine.name} ({machine.cpu_count} CPUs"
-            + (f", {machine.gpu_count} GPUs)" if machine.accelerator == "cuda" else ")"),
-            space=space,
-            notes=notes,
-            builds=list(self.builds.values()),
+            machine=f"{machine.name} ({machine.cpu_count} CPUs{gpus})",
+            space=self.space,
+            notes=self.notes,
+            builds=list({b.key: b for b in [*self.builds.values(), self.default_build]}.values()),
             measurements=measurements,
-            default=default,
+            default=self.default,
             tuned=best.candidate if best else None,
             stopped={"done": "done", "budget": "--budget-min reached", "limit": "quick search's limit"}[result.stopped],
             grid_measured=len(result.scores),
@@ -274,15 +317,25 @@ class Tuner:
 
     # ---- the answer ---------------------------------------------------------------------------
 
-    def _write_answer(self, record: TuneRecord, comments: list[str]) -> Path:
-        tuned = record.tuned
-        return write_serve_config(self.output, tuned.serve_values(Path(self.builds[tuned.engine].artifact)), comments)
+    def _write_answer(self, record: TuneRecord) -> Path:
+        values = record.tuned.serve_values(self._artifact(record.tuned))
+        return write_serve_config(self.output, values, self._comments(record))
+
+    def _remove_stale_answer(self) -> None:
+        """An answer an earlier tune wrote at --output must not outlive a tune that found none."""
+        try:
+            stale = self.output.read_text().startswith(ANSWER_MARK)
+        except OSError:
+            return
+        if stale:
+            self.output.unlink()
+            self.progress.message(f"Removed {self.output}, an earlier tune's answer: this one found none.")
 
     def _comments(self, record: TuneRecord) -> list[str]:
         s, o = self.settings, self.objective
         tuned = record.measurement(record.tuned)
         comments = [
-            f"vision-tune: {record.model}, {o.kind} at p99 <= {o.p99_ms:g} ms on {record.machine}",
+            f"{ANSWER_MARK[2:]} {record.model}, {o.kind} at p99 <= {o.p99_ms:g} ms on {record.machine}",
             f"{s.search} search: {record.grid_measured} of {record.space.size} configurations measured; report: "
             f"{self.output.with_suffix(_defaults.REPORT_SUFFIX).name}",
             f"Configuration {record.tuned.key}: Poisson {tuned.sustained.rate:.3g}/s at p99 "
@@ -295,27 +348,27 @@ class Tuner:
                 f"vs the defaults ({record.default.key}), medians of {len(record.confirm)} alternating rounds: "
                 f"{ratios_text(ratios)}"
             )
-        build = self.builds[record.tuned.engine]
+        build = self.default_build if record.tuned == self.default else self.builds[record.tuned.engine]
         comments += [
             "The artifact, again elsewhere: " + " ".join(build.command),
             f"Serve: vision-serve --config {self.output.name}",
         ]
         return comments
 
-    def _confirm(self, default: Candidate, record: TuneRecord) -> list[ConfirmRound]:
+    def _confirm(self, record: TuneRecord) -> list[ConfirmRound]:
         """The defaults, then the answer as written (``--config tuned.toml``), alternating. Each is measured
         as in the search; the tuned one also at the Poisson rate the defaults sustained in that round, so
         that their p99s compare at the same load."""
-        if not self.builds[default.engine].ok:
+        if not self.default_build.ok:
             return []
         rounds = []
         for number in range(self.settings.confirm_rounds):
             defaults = self._measure(
-                default, self._config_file(default), self._search_poisson(), CONFIRM_DEFAULTS, number, True
+                self.default, self._config_file(self.default), self._search_poisson(), CONFIRM_DEFAULTS, number
             )
             reference = defaults.sustained_rps if self.objective.kind == "throughput" else None
             plan = dataclasses.replace(self._search_poisson(), reference_rate=reference or None)
-            tuned = self._measure(record.tuned, self.output, plan, CONFIRM_TUNED, number, True)
+            tuned = self._measure(record.tuned, self.output, plan, CONFIRM_TUNED, number)
             rounds.append(ConfirmRound(defaults, tuned))
         return rounds
 
@@ -334,11 +387,21 @@ class Tuner:
         return TuneOutcome(record, toml, report, plot, table, self.journal.resumed)
 
     def _no_answer(self, record: TuneRecord, report: Path) -> str:
-        closest = sorted(record.measurements, key=self.objective.score, reverse=True)[:3]
+        measured = record.measurements
+        closest = sorted(measured, key=self.objective.score, reverse=True)[:3]
         why = "; ".join(f"{m.candidate.key}: {self.objective.why_not(m)}" for m in closest) or "nothing was measured"
-        lowest = min((m.lowest_p99_ms for m in record.measurements), default=math.inf)
-        hint = f" The lowest p99 seen was {lowest:.0f} ms." if math.isfinite(lowest) else ""
+        if measured and all(m.status == FAILED for m in measured):
+            hint = f"No server started: their logs are in {self.work / 'logs'}."
+        elif any(step.errors for m in measured for step in m.steps[:1]):
+            hint = (
+                "Requests failed: check that --images holds images the model's server takes (the statuses say "
+                f"which answers came), and the servers' logs in {self.work / 'logs'}."
+            )
+        else:
+            lowest = min((m.lowest_p99_ms for m in measured), default=math.inf)
+            seen = f"The lowest p99 seen was {lowest:.0f} ms. " if math.isfinite(lowest) else ""
+            hint = f"{seen}Raise --p99-ms, or widen the grid."
         return (
             f"No configuration met p99 <= {self.settings.p99_ms:g} ms ({record.grid_measured} measured; closest: "
-            f"{why}).{hint} Raise --p99-ms, or widen the grid. Report: {report}"
+            f"{why}). {hint} Report: {report}"
         )
