@@ -13,25 +13,38 @@ Prints and writes (``.md`` and ``.json``):
   up), so that strategies compare on the same numbers: quick search as shipped (coordinate descent
   from the middle of the grid), coordinate descent from the defaults, and random search with quick's
   budget (median and 10th percentile of 1,000 draws);
-- tuned vs defaults: the confirm rounds of each tune (alternating runs), medians of the ratios.
+- tuned vs defaults: the confirm rounds of each tune (alternating runs), medians of the ratios;
+- head to head (``--rounds N``): full's answer and quick's, each served from its tuned.toml as
+  written, alternating N rounds on this machine, each judged with a finer Poisson rate search than a
+  tune's (more runs, 4 % apart). Two tunes' own numbers come from different minutes of a shared
+  machine, and full's best is the largest of many noisy measurements (it is biased high): measured
+  side by side is how much of the best objective quick's answer really reaches.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.tune.measure import Measurement
+from benchmarks.images import read_images, write_benchmark_images
+from benchmarks.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
 from benchmarks.tune.report import ConfirmRound, confirm_ratios, ratio
 from benchmarks.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
 from benchmarks.tune.space import Candidate, SearchSpace
+from compile import _defaults as compile_defaults
+from service.settings import read_config_file
+
+logger = logging.getLogger(__name__)
 
 RANDOM_DRAWS = 1000
+HEAD_TO_HEAD_RUNS = 6
+HEAD_TO_HEAD_RESOLUTION = 0.04
 # What two tunes must share to be compared: only the search (and where the files went) may differ.
 SAME_IN_BOTH = ("model", "weights", "objective", "p99_ms", "rate", "grid", "images", "machine", "max_memory_mib")
 
@@ -49,6 +62,11 @@ def read_journal(path: Path) -> tuple[dict, list[Measurement]]:
         if entry.get("kind") == "measurement":
             measurements.append(Measurement.from_dict(entry["measurement"]))
     return header["identity"], measurements
+
+
+def answer_path(journal: Path) -> Path:
+    """The tuned.toml a journal's tune wrote: ``X.journal.jsonl`` -> ``X.toml`` beside it."""
+    return journal.with_name(journal.name.removesuffix(".journal.jsonl") + ".toml")
 
 
 def objective_of(identity: dict) -> Objective:
@@ -177,6 +195,49 @@ def tuned_vs_defaults(measurements: Sequence[Measurement], objective: Objective)
     return {"rounds": values, **ratios}
 
 
+def candidate_of(values: dict) -> Candidate:
+    """The configuration a tuned.toml serves; its engine read from the artifact's manifest."""
+    manifest = json.loads((Path(values["artifact"]) / compile_defaults.MANIFEST_FILE).read_text())
+    return Candidate(
+        engine=f"{manifest['backend']}-{manifest['precision']}",
+        **{name: values[name] for name in Candidate.__dataclass_fields__ if name != "engine"},
+    )
+
+
+def head_to_head(full_toml: Path, quick_toml: Path, identity: dict, rounds: int, work: Path) -> dict:
+    """Full's answer and quick's, served as written, alternating ``rounds`` times (full's first)."""
+    full, quick = candidate_of(read_config_file(full_toml)), candidate_of(read_config_file(quick_toml))
+    if full == quick:
+        return {"same_configuration": True, "share_of_full": 1.0, "rounds": []}
+    work.mkdir(parents=True, exist_ok=True)
+    if identity.get("images"):
+        images = read_images(Path(identity["images"]))
+    else:  # the project's benchmark photos, as the tunes sent them (seeded: the same bytes)
+        write_benchmark_images(work / "images")
+        images = read_images(work / "images")
+    plan = LoadPlan(
+        identity["p99_ms"], identity["step_seconds"], identity["min_requests"], identity["poisson_seconds"],
+        identity["load_factor"], identity["max_concurrency"], identity.get("client_processes") or 1, 1,
+    )  # fmt: skip
+    poisson = PoissonPlan(max_runs=HEAD_TO_HEAD_RUNS, resolution=HEAD_TO_HEAD_RESOLUTION)
+    rows = []
+    for number in range(rounds):
+        pair = {}
+        for label, candidate, toml in (("full", full, full_toml), ("quick", quick, quick_toml)):
+            log = work / f"server-{label}-{number}.log"
+            m = measure(candidate, toml, images, plan, poisson, log, phase=label, round_number=number)
+            pair[label] = m.sustained_rps
+            logger.info("round %d, %s's answer %s: %.1f/s sustained", number + 1, label, candidate.key, m.sustained_rps)
+        rows.append({**pair, "share": pair["quick"] / pair["full"] if pair["full"] else math.nan})
+    return {
+        "same_configuration": False,
+        "full": full.key,
+        "quick": quick.key,
+        "rounds": rows,
+        "share_of_full": statistics.median(row["share"] for row in rows),
+    }
+
+
 def markdown(record: dict) -> str:
     q, f = record["quick"], record["full"]
     lines = [
@@ -206,6 +267,26 @@ def markdown(record: dict) -> str:
                 f"| {name} | {values['measured']} | median {values['share_of_best_median']:.1%}, "
                 f"10th percentile {values['share_of_best_p10']:.1%} |"
             )
+    duel = record.get("head_to_head")
+    if duel:
+        lines += ["", "## Head to head: full's answer and quick's, alternating", ""]
+        if duel["same_configuration"]:
+            lines.append("Both searches answered with the same configuration: quick reached 100 % of full's best.")
+        else:
+            lines += [
+                f"Full: `{duel['full']}`; quick: `{duel['quick']}`. Poisson rate sustained within the target, "
+                f"each served from its tuned.toml, {HEAD_TO_HEAD_RUNS} rate runs at most, "
+                f"{HEAD_TO_HEAD_RESOLUTION:.0%} apart:",
+                "",
+                "| round | full's answer | quick's answer | quick / full |",
+                "|---|---|---|---|",
+                *(
+                    f"| {n} | {row['full']:.1f} | {row['quick']:.1f} | {row['share']:.1%} |"
+                    for n, row in enumerate(duel["rounds"], 1)
+                ),
+                "",
+                f"Median: quick's answer sustains **{duel['share_of_full']:.1%}** of full's.",
+            ]
     lines += ["", "## Tuned vs defaults (alternating confirm rounds of each tune)", ""]
     for search, values in record["tuned_vs_defaults"].items():
         if values.get("rounds"):
@@ -221,9 +302,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", type=Path, required=True, help="the journal of a --search full tune")
     parser.add_argument("--quick", type=Path, required=True, help="the journal of a --search quick tune")
     parser.add_argument("--output", type=Path, help="write OUTPUT.md and OUTPUT.json")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="serve full's answer and quick's alternating this many rounds (0: none)"
+    )
+    parser.add_argument("--full-toml", type=Path, help="full's answer (default: the journal's tune's --output)")
+    parser.add_argument("--quick-toml", type=Path, help="quick's answer (default: the journal's tune's --output)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vision-tune-compare"), help="server logs, images")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         record = compare(args.full, args.quick)
+        if args.rounds:
+            full_identity, _ = read_journal(args.full)
+            full_toml = args.full_toml or answer_path(args.full)
+            quick_toml = args.quick_toml or answer_path(args.quick)
+            record["head_to_head"] = head_to_head(full_toml, quick_toml, full_identity, args.rounds, args.work)
     except (OSError, ValueError, KeyError) as exc:
         parser.error(str(exc))
     text = markdown(record)

@@ -19,10 +19,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.loadgen import CLOSED as LOADGEN_CLOSED
-from benchmarks.loadgen import OPEN, POISSON, LoadSpec, run_load
+from benchmarks.loadgen import OPEN, POISSON, LoadResult, LoadSpec, run_load
 from benchmarks.tune import _defaults
 from benchmarks.tune.footprint import FootprintSampler
-from benchmarks.tune.ladder import Ladder, RateSearch, Step, choose, max_concurrency, step_requests, sustained
+from benchmarks.tune.ladder import (
+    Ladder,
+    RateSearch,
+    Step,
+    choose,
+    confirm_miss,
+    max_concurrency,
+    step_requests,
+    sustained,
+)
 from benchmarks.tune.space import Candidate
 from service.launcher import ServerProcess, ServerStartError
 
@@ -59,6 +68,7 @@ class PoissonPlan:
     fixed_rate: float | None = None
     max_runs: int = _defaults.MAX_POISSON_RUNS
     reference_rate: float | None = None
+    resolution: float = _defaults.RATE_RESOLUTION  # of the rate search
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,7 @@ def measure(
             capacity = choose(steps, plan.p99_ms)
             runs = load.poisson(RateSearch(
                 plan.p99_ms, capacity.throughput_rps if capacity else 0.0, plan.load_factor, poisson.max_runs,
-                poisson.fixed_rate,
+                poisson.fixed_rate, poisson.resolution,
             ))  # fmt: skip
             reference = load.poisson_run(poisson.reference_rate) if poisson.reference_rate else None
         footprint = sampler.peak()
@@ -210,7 +220,8 @@ class _Load:
                 warmup_requests=concurrency,
                 max_seconds=self.max_seconds,
             )
-            ladder.record(Step.from_summary(self._run(spec), concurrency=concurrency))
+            result = confirm_miss(self._run(spec), lambda spec=spec: self._run(spec), self.plan.p99_ms)
+            ladder.record(Step.from_summary(result.summary(), concurrency=concurrency))
         return ladder.steps
 
     def poisson(self, search: RateSearch) -> list[Step]:
@@ -222,7 +233,7 @@ class _Load:
         self.status(f"{self.candidate.key}: Poisson {rate:.3g}/s")
         requests = max(self.plan.min_requests, math.ceil(rate * self.plan.poisson_seconds))
         spec = LoadSpec(requests, mode=OPEN, rate=rate, arrivals=POISSON, max_seconds=self.max_seconds, seed=1)
-        return Step.from_summary(self._run(spec), rate=rate)
+        return Step.from_summary(self._run(spec).summary(), rate=rate)
 
     @property
     def max_seconds(self) -> float:
@@ -230,8 +241,8 @@ class _Load:
         planned = max(self.plan.step_seconds, self.plan.poisson_seconds)
         return _defaults.RUN_LIMIT_FACTOR * planned + _defaults.RUN_LIMIT_EXTRA_S
 
-    def _run(self, spec: LoadSpec) -> dict:
+    def _run(self, spec: LoadSpec) -> LoadResult:
         processes = self.plan.client_processes
         if spec.mode == LOADGEN_CLOSED:
             processes = min(processes, spec.concurrency)
-        return run_load(self.url, self.images, spec, processes=max(1, processes)).summary()
+        return run_load(self.url, self.images, spec, processes=max(1, processes))

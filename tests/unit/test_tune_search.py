@@ -344,3 +344,31 @@ def test_quick_limit_is_a_share_of_the_grid_or_one_pass():
     tiny = grid(engine=("onnx-fp32",), preprocess=("pil",), workers_per_device=(1,))
     assert quick_limit(tiny) == 4  # one pass over the four batch sizes
     assert list(itertools.islice(tiny, 10)) == list(tiny)
+
+
+def test_a_missed_step_is_run_again_and_judged_on_both_runs():
+    from benchmarks.loadgen import LoadResult, LoadSpec, Sample
+    from benchmarks.tune.ladder import confirm_miss
+
+    spec = LoadSpec(50, concurrency=2)
+
+    def result(fast: int, slow: int = 0, failed: int = 0) -> LoadResult:
+        samples = [Sample(0.0, 20.0, 200)] * fast + [Sample(0.0, 150.0, 200)] * slow + [Sample(0.0, 5.0, 400)] * failed
+        return LoadResult(spec, samples, 1.0)
+
+    calls = []
+
+    def again(fast=50, slow=0):
+        calls.append(1)
+        return result(fast, slow)
+
+    # one slow answer in 50 is their p99; with 50 more requests it is not
+    merged = confirm_miss(result(49, 1), again, p99_ms=100)
+    assert len(calls) == 1 and len(merged.samples) == 100 and merged.summary()["latency_ms"]["p99"] == 20.0
+    # a real miss stays one: slow answers in both runs
+    assert confirm_miss(result(45, 5), lambda: again(45, 5), 100).summary()["latency_ms"]["p99"] == 150.0
+    # a step that met the target, or whose requests failed, is not run again
+    calls.clear()
+    assert confirm_miss(result(50), again, 100).samples == result(50).samples
+    assert len(confirm_miss(result(49, 0, failed=1), again, 100).samples) == 50
+    assert calls == []

@@ -421,3 +421,18 @@ def test_tune_compare_reads_two_journals_and_replays_the_strategies(tmp_path):
     assert record["tuned_vs_defaults"]["quick"]["throughput"] == pytest.approx(rate(best) / rate(DEFAULT))
     assert record["tuned_vs_defaults"]["quick"]["p99"] == pytest.approx(30.0 / 60.0)
     assert "| quick |" in markdown(record)
+
+
+def test_head_to_head_of_one_configuration_needs_no_server(tmp_path):
+    from benchmarks.tune_compare import answer_path, candidate_of, head_to_head
+
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text(json.dumps({"backend": "inductor", "precision": "bf16"}))
+    values = DEFAULT.replace(engine="inductor-bf16", max_batch_size=8).serve_values(artifact)
+    full = write_serve_config(tmp_path / "full.toml", values)
+    quick = write_serve_config(tmp_path / "quick.toml", values, ["another comment, the same configuration"])
+    assert candidate_of(read_config_file(full)) == DEFAULT.replace(engine="inductor-bf16", max_batch_size=8)
+    assert head_to_head(full, quick, {}, rounds=3, work=tmp_path / "work")["share_of_full"] == 1.0
+    assert not (tmp_path / "work").exists()  # nothing was served
+    assert answer_path(tmp_path / "lite0-full.journal.jsonl") == tmp_path / "lite0-full.toml"
