@@ -11,8 +11,8 @@ Prints and writes (``.md`` and ``.json``):
   machine's noise, so both are shown);
 - replayed: every strategy run again over full's table of scores (no server: the scores are looked
   up), so that strategies compare on the same numbers: quick search as shipped (coordinate descent
-  from the middle of the grid), coordinate descent from the defaults, and random search with quick's
-  budget (median and 10th percentile of 1,000 draws);
+  from the defaults), coordinate descent from the middle of the grid, and random search with quick's
+  budget (median and 10th percentile of 1,000 draws), each counting the defaults as measured;
 - tuned vs defaults: the confirm rounds of each tune (alternating runs), medians of the ratios;
 - head to head (``--rounds N``): full's answer and quick's, each served from its tuned.toml as
   written, alternating N rounds on this machine, each judged with a finer Poisson rate search than a
@@ -86,20 +86,26 @@ def best(table: dict[Candidate, Measurement], objective: Objective, within: set[
 def replay(
     search: Callable[..., SearchResult], space: SearchSpace, start: Candidate, scores: dict[Candidate, Score]
 ) -> SearchResult:
-    return search(space, start, lambda candidate: scores[candidate])
+    """``search`` as a tune runs it: the defaults (``start``) measured first, and counted."""
+    known = {start: scores[start]} if start in scores else None
+    return search(space, start, lambda candidate: scores[candidate], known=known)
 
 
-def from_the_defaults(space: SearchSpace, start: Candidate, evaluate) -> SearchResult:
-    """Coordinate descent as quick search does it, but from the defaults rather than the grid's middle."""
-    return quick_search(space, start, evaluate, from_center=False)
+def from_the_middle(space: SearchSpace, start: Candidate, evaluate, known) -> SearchResult:
+    """Coordinate descent as quick search does it, but from the middle of every numeric range."""
+    return quick_search(space, start, evaluate, from_center=True, known=known)
 
 
-def random_search(space: SearchSpace, budget: int, scores: dict[Candidate, Score], draws: int) -> list[float]:
-    """The best objective of ``budget`` configurations drawn at random, ``draws`` times."""
-    candidates = list(space)
+def random_search(
+    space: SearchSpace, start: Candidate, budget: int, scores: dict[Candidate, Score], draws: int
+) -> list[float]:
+    """The best objective of the defaults (``start``) and ``budget - 1`` other configurations drawn at
+    random, ``draws`` times: the same count as quick search's, the defaults included."""
+    given = [start] if start in scores else []
+    others = [c for c in space if c != start]
     found = []
     for seed in range(draws):
-        chosen = random.Random(seed).sample(candidates, min(budget, len(candidates)))
+        chosen = [*given, *random.Random(seed).sample(others, min(budget - len(given), len(others)))]
         feasible = [scores[c][1] for c in chosen if scores[c][0] == FEASIBLE]
         found.append(max(feasible, default=0.0))
     return found
@@ -129,9 +135,9 @@ def compare(full_path: Path, quick_path: Path) -> dict:
         return scores[result.best][1] / top if result.best else 0.0
 
     quick_replay = replay(quick_search, space, default, scores)
-    descent_replay = replay(from_the_defaults, space, default, scores)
+    middle_replay = replay(from_the_middle, space, default, scores)
     budget = quick_limit(space)
-    random_found = sorted(value / top for value in random_search(space, budget, scores, RANDOM_DRAWS))
+    random_found = sorted(value / top for value in random_search(space, default, budget, scores, RANDOM_DRAWS))
     quick_measured = sum(1 for c in quick_table if c in space)
     record = {
         "model": full_identity["model"],
@@ -148,17 +154,17 @@ def compare(full_path: Path, quick_path: Path) -> dict:
             "full_share_of_quick_choice": scores[quick_best.candidate][1] / top if quick_best else 0.0,
         },
         "replayed_on_full_table": {
-            "quick (shipped: coordinate descent from the middle)": {
+            "quick (shipped: coordinate descent from the defaults)": {
                 "measured": len(quick_replay.scores),
                 "share_of_best": share(quick_replay),
                 "best": quick_replay.best.key if quick_replay.best else None,
             },
-            "coordinate descent from the defaults": {
-                "measured": len(descent_replay.scores),
-                "share_of_best": share(descent_replay),
-                "best": descent_replay.best.key if descent_replay.best else None,
+            "coordinate descent from the middle of the grid": {
+                "measured": len(middle_replay.scores),
+                "share_of_best": share(middle_replay),
+                "best": middle_replay.best.key if middle_replay.best else None,
             },
-            f"random, {budget} configurations": {
+            f"random, the defaults and {budget - 1} others": {
                 "measured": budget,
                 "share_of_best_median": statistics.median(random_found),
                 "share_of_best_p10": random_found[len(random_found) // 10],

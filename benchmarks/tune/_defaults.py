@@ -83,8 +83,8 @@ MEMORY_SAMPLE_S = 1.0
 BENCH_REQUEST_TIMEOUT_S = 600
 BENCH_MAX_QUEUE = 4096
 
-# Quick search (search.py): coordinate descent from the middle of the grid, measuring at most this
-# share of it, or one pass over every dimension where that is more (a grid of a few points).
+# Quick search (search.py): coordinate descent from the defaults, measuring at most this share of the
+# grid (the defaults included), or one pass over every dimension where that is more (a few points).
 QUICK_MAX_SHARE = 0.3
 QUICK_MAX_PASSES = 3
 # A move along a dimension must beat the current configuration by this much (noise, not a gain).

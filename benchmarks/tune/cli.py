@@ -27,7 +27,7 @@ _HELP = {
     "rate": "--objective latency: the Poisson load, requests/s; 0: the rate the defaults sustain within the target",
     "budget_min": "stop searching after this many minutes (the confirm rounds included) and answer with the best "
     "found; 0: no limit",
-    "search": f"quick: coordinate descent from the middle of the grid (at most {_defaults.QUICK_MAX_SHARE:.0%} of "
+    "search": f"quick: coordinate descent from the defaults (at most {_defaults.QUICK_MAX_SHARE:.0%} of "
     "it); full: every configuration".replace("%", "%%"),
     "images": "a folder of images to send (cycled); default: the project's benchmark photos",
     "output": "the tuned config file (vision-serve --config FILE); the report (.md), plot (.png) and every "

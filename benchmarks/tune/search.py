@@ -3,18 +3,21 @@
 The searches see only scores, so the same code runs a live tune and a replay over a finished tune's
 measurements (benchmarks/tune_compare.py compares strategies that way).
 
-Quick search is coordinate descent: from the defaults' engine and preprocessing with every numeric
-setting at the middle of its range (``SearchSpace.center``), along each dimension in turn, measure
-every value with the others held, move to the best if it beats the current configuration by more
-than noise, and pass over the dimensions again until a pass moves nothing. It measures at most
-QUICK_MAX_SHARE of the grid (or one pass, on a grid of a few points). The defaults themselves are
-measured anyway (the baseline), so starting elsewhere costs nothing.
+Quick search is coordinate descent: from the defaults (their nearest point of the grid), along each
+dimension in turn, measure every value with the others held, move to the best if it beats the
+current configuration by more than noise, and pass over the dimensions again until a pass moves
+nothing. It measures at most QUICK_MAX_SHARE of the grid (or one pass, on a grid of a few points),
+the defaults included: a configuration measured is one measured, whichever step asked for it
+(``known``: the tune measures the defaults first, as its baseline). So the defaults are the start
+that costs nothing; a start at the middle of every range (``from_center``) costs one measurement
+more, which on the smallest grids is the last dimension of the pass (benchmarks/tune_compare.py
+replays both).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from benchmarks.tune import _defaults
@@ -107,11 +110,14 @@ class _Stop(Exception):
 
 
 class _Scorer:
-    """Scores each configuration once, in the order asked, up to ``limit`` configurations."""
+    """Scores each configuration once, in the order asked, up to ``limit`` configurations, counting
+    those of ``known`` (scored before the search began) among them."""
 
-    def __init__(self, evaluate: Evaluate, limit: int) -> None:
+    def __init__(
+        self, evaluate: Evaluate, limit: int, space: SearchSpace, known: Mapping[Candidate, Score] | None
+    ) -> None:
         self.evaluate, self.limit = evaluate, limit
-        self.result = SearchResult()
+        self.result = SearchResult({c: score for c, score in (known or {}).items() if c in space})
 
     def __call__(self, candidate: Candidate) -> Score:
         scores = self.result.scores
@@ -126,9 +132,11 @@ class _Scorer:
         return score
 
 
-def full_search(space: SearchSpace, start: Candidate, evaluate: Evaluate) -> SearchResult:
+def full_search(
+    space: SearchSpace, start: Candidate, evaluate: Evaluate, known: Mapping[Candidate, Score] | None = None
+) -> SearchResult:
     """Every configuration of the grid, the defaults' nearest point first."""
-    scorer = _Scorer(evaluate, space.size)
+    scorer = _Scorer(evaluate, space.size, space, known)
     first = space.project(start)
     try:
         for candidate in [first, *(c for c in space if c != first)]:
@@ -139,8 +147,8 @@ def full_search(space: SearchSpace, start: Candidate, evaluate: Evaluate) -> Sea
 
 
 def quick_limit(space: SearchSpace) -> int:
-    """How many configurations quick search may measure: QUICK_MAX_SHARE of the grid, or one pass over
-    every dimension where that is more."""
+    """How many configurations of the grid quick search may measure, the defaults included:
+    QUICK_MAX_SHARE of the grid, or one pass over every dimension where that is more."""
     one_pass = 1 + sum(len(space.values[d]) - 1 for d in space.varied)
     return min(space.size, max(math.floor(_defaults.QUICK_MAX_SHARE * space.size), one_pass))
 
@@ -159,11 +167,12 @@ def quick_search(
     limit: int | None = None,
     min_gain: float = _defaults.QUICK_MIN_GAIN,
     max_passes: int = _defaults.QUICK_MAX_PASSES,
-    from_center: bool = True,
+    from_center: bool = False,
+    known: Mapping[Candidate, Score] | None = None,
 ) -> SearchResult:
-    """Coordinate descent from the center of the grid around ``start`` (``from_center``; else from
-    ``start`` itself, projected); see the module docstring."""
-    scorer = _Scorer(evaluate, quick_limit(space) if limit is None else limit)
+    """Coordinate descent from ``start`` (projected onto the grid), or with ``from_center`` from the
+    middle of every numeric range around it; see the module docstring."""
+    scorer = _Scorer(evaluate, quick_limit(space) if limit is None else limit, space, known)
     current = space.center(start) if from_center else space.project(start)
     try:
         scorer(current)

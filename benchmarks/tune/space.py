@@ -123,8 +123,7 @@ class SearchSpace:
 
     def center(self, candidate: Candidate) -> Candidate:
         """``candidate`` (projected) with every numeric dimension at the middle of its values (the lower
-        middle for an even count): where quick search starts. A start at an end of a range (the
-        defaults' batch of 32) is as far as it can be from the values that suit other engines."""
+        middle for an even count): where quick search starts with ``from_center``."""
         middle = {d: self.values[d][(len(self.values[d]) - 1) // 2] for d in NUMERIC}
         return self.project(candidate).replace(**middle)
 

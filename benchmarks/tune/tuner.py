@@ -252,17 +252,19 @@ class Tuner:
         self._engines()
         limit = self.space.size if s.search == "full" else quick_limit(self.space)
         self.progress.set_total(limit + int(self.default not in self.space) + 2 * s.confirm_rounds)
+        known = {}  # counts against quick's share of the grid, where the defaults are a point of it
         if self.default_build.ok:
             baseline = self._measure(self.default, self._config_file(self.default), self._search_poisson(), SEARCH, 0)
             self.search_measurements[self.default] = baseline
             self.latency_rate = self._latency_rate(baseline)
+            known[self.default] = self.objective.score(baseline)
         elif self.objective.kind == "latency" and not self.latency_rate:
             raise TuneFailed(
                 f"--objective latency without --rate offers the load the defaults sustain, and their engine "
                 f"({self.default.engine}) did not build: {self.default_build.message}. Give --rate R."
             )
         search = full_search if s.search == "full" else quick_search
-        result = search(self.space, self.default, self._evaluate)
+        result = search(self.space, self.default, self._evaluate, known=known)
         record = self._record(result)
         toml = None
         if record.tuned is not None:

@@ -255,11 +255,27 @@ def counting(table):
     return evaluate, calls
 
 
-def test_quick_search_starts_at_the_middle_of_each_range():
+def test_quick_search_starts_at_the_defaults_or_at_the_middle_of_each_range():
     space = grid()
     evaluate, calls = counting(score_table(space, separable))
     quick_search(space, DEFAULT, evaluate)
+    assert calls[0] == DEFAULT
+    evaluate, calls = counting(score_table(space, separable))
+    quick_search(space, DEFAULT, evaluate, from_center=True)
     assert calls[0] == DEFAULT.replace(max_batch_size=4)  # of 1, 4, 8, 32; workers 1 of 1, 2
+
+
+def test_quick_search_counts_what_was_measured_before_it_against_its_share():
+    space = grid()
+    table = score_table(space, separable)
+    evaluate, calls = counting(table)
+    result = quick_search(space, DEFAULT, evaluate, known={DEFAULT: table[DEFAULT]})
+    assert DEFAULT not in calls, "the defaults' measurement is reused, not repeated"
+    assert len(result.scores) == len(calls) + 1 <= quick_limit(space)
+    far = DEFAULT.replace(max_batch_size=1)
+    evaluate, calls = counting(table)
+    result = quick_search(space, DEFAULT, evaluate, known={far: table[far]}, from_center=True)
+    assert far in result.scores and len(calls) <= quick_limit(space) - 1
 
 
 def test_full_search_measures_every_configuration_defaults_first():

@@ -416,7 +416,7 @@ def test_tune_compare_reads_two_journals_and_replays_the_strategies(tmp_path):
     assert record["grid_size"] == 16 and record["full"]["best"] == best.key
     assert record["quick"]["measured"] == len(result.scores) == quick_limit(space) == 6  # one pass: 1 + 1 + 3 + 1
     assert record["quick"]["share_of_full_best"] == pytest.approx(1.0)
-    shipped = record["replayed_on_full_table"]["quick (shipped: coordinate descent from the middle)"]
+    shipped = record["replayed_on_full_table"]["quick (shipped: coordinate descent from the defaults)"]
     assert shipped["share_of_best"] == pytest.approx(1.0)
     assert record["tuned_vs_defaults"]["quick"]["throughput"] == pytest.approx(rate(best) / rate(DEFAULT))
     assert record["tuned_vs_defaults"]["quick"]["p99"] == pytest.approx(30.0 / 60.0)
