@@ -37,6 +37,7 @@ from benchmarks.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
 from benchmarks.tune.report import ConfirmRound, confirm_ratios, ratio
 from benchmarks.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
 from benchmarks.tune.space import Candidate, SearchSpace
+from benchmarks.tune.tuner import images_digest
 from compile import _defaults as compile_defaults
 from service.settings import read_config_file
 
@@ -210,17 +211,30 @@ def candidate_of(values: dict) -> Candidate:
     )
 
 
-def head_to_head(full_toml: Path, quick_toml: Path, identity: dict, rounds: int, work: Path) -> dict:
+def tuned_images(directory: Path | None, work: Path, digest: str) -> list[bytes]:
+    """The images the tunes sent: ``directory`` (their --images), or the project's benchmark photos
+    (seeded: the same bytes). The journal keeps only their digest, which they must match."""
+    if directory is None:
+        directory = work / "images"
+        write_benchmark_images(directory)
+    images = read_images(directory)
+    if digest and images_digest(images) != digest:
+        raise ValueError(
+            f"the images in {directory} are not the ones the tunes sent (digest {images_digest(images)}, the "
+            f"journal's {digest}): give --images, the folder the tunes were given"
+        )
+    return images
+
+
+def head_to_head(
+    full_toml: Path, quick_toml: Path, identity: dict, rounds: int, work: Path, images_dir: Path | None = None
+) -> dict:
     """Full's answer and quick's, served as written, alternating ``rounds`` times (full's first)."""
     full, quick = candidate_of(read_config_file(full_toml)), candidate_of(read_config_file(quick_toml))
     if full == quick:
         return {"same_configuration": True, "share_of_full": 1.0, "rounds": []}
     work.mkdir(parents=True, exist_ok=True)
-    if identity.get("images"):
-        images = read_images(Path(identity["images"]))
-    else:  # the project's benchmark photos, as the tunes sent them (seeded: the same bytes)
-        write_benchmark_images(work / "images")
-        images = read_images(work / "images")
+    images = tuned_images(images_dir, work, identity.get("images", ""))
     plan = LoadPlan(
         identity["p99_ms"], identity["step_seconds"], identity["min_requests"], identity["poisson_seconds"],
         identity["load_factor"], identity["max_concurrency"], identity.get("client_processes") or 1, 1,
@@ -314,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full-toml", type=Path, help="full's answer (default: the journal's tune's --output)")
     parser.add_argument("--quick-toml", type=Path, help="quick's answer (default: the journal's tune's --output)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/vision-tune-compare"), help="server logs, images")
+    parser.add_argument("--images", type=Path, help="the tunes' --images, if they were given one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -323,7 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             full_identity, _ = read_journal(args.full)
             full_toml = args.full_toml or answer_path(args.full)
             quick_toml = args.quick_toml or answer_path(args.quick)
-            record["head_to_head"] = head_to_head(full_toml, quick_toml, full_identity, args.rounds, args.work)
+            record["head_to_head"] = head_to_head(
+                full_toml, quick_toml, full_identity, args.rounds, args.work, args.images
+            )
     except (OSError, ValueError, KeyError) as exc:
         parser.error(str(exc))
     text = markdown(record)

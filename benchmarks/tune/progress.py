@@ -95,6 +95,7 @@ class TuneProgress:
         with self._lock:
             self.durations.append(seconds)
             self.done += 1
+            self.text = ""  # what was running is done: its last load step is no summary of it
         if quiet:
             return
         self._draw()

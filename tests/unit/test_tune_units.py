@@ -255,6 +255,8 @@ def test_progress_shows_counts_and_an_eta_within_the_budget(caplog):
     assert "2/10 configurations" in caplog.text
     progress.status("onnx-fp32 b8: closed loop c=4")
     assert progress.line().endswith("| onnx-fp32 b8: closed loop c=4")
+    progress.item_done(40.0)
+    assert "|" not in progress.line(), "a finished configuration's last load step is not shown as running"
     progress.close()
 
 
@@ -436,3 +438,19 @@ def test_head_to_head_of_one_configuration_needs_no_server(tmp_path):
     assert head_to_head(full, quick, {}, rounds=3, work=tmp_path / "work")["share_of_full"] == 1.0
     assert not (tmp_path / "work").exists()  # nothing was served
     assert answer_path(tmp_path / "lite0-full.journal.jsonl") == tmp_path / "lite0-full.toml"
+
+
+def test_head_to_head_sends_the_images_the_tunes_sent(tmp_path):
+    from benchmarks.images import read_images, write_benchmark_images
+    from benchmarks.tune.tuner import images_digest
+    from benchmarks.tune_compare import tuned_images
+
+    write_benchmark_images(tmp_path / "tune")  # what a tune without --images writes and digests
+    digest = images_digest(read_images(tmp_path / "tune"))
+    assert tuned_images(None, tmp_path / "work", digest) == read_images(tmp_path / "tune")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "one.jpg").write_bytes(read_images(tmp_path / "tune")[0])
+    with pytest.raises(ValueError, match="give --images, the folder the tunes were given"):
+        tuned_images(own, tmp_path / "work", digest)
+    assert tuned_images(own, tmp_path / "work", images_digest(read_images(own))) == read_images(own)
