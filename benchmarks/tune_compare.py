@@ -32,12 +32,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.images import read_images, write_benchmark_images
 from benchmarks.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
 from benchmarks.tune.report import ConfirmRound, confirm_ratios, ratio
 from benchmarks.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
 from benchmarks.tune.space import Candidate, SearchSpace
-from benchmarks.tune.tuner import images_digest
+from benchmarks.tune.tuner import images_digest, load_images
 from compile import _defaults as compile_defaults
 from service.settings import read_config_file
 
@@ -212,16 +211,13 @@ def candidate_of(values: dict) -> Candidate:
 
 
 def tuned_images(directory: Path | None, work: Path, digest: str) -> list[bytes]:
-    """The images the tunes sent: ``directory`` (their --images), or the project's benchmark photos
-    (seeded: the same bytes). The journal keeps only their digest, which they must match."""
-    if directory is None:
-        directory = work / "images"
-        write_benchmark_images(directory)
-    images = read_images(directory)
+    """The images the tunes sent, found as a tune finds them (``load_images``). The journal keeps only
+    their digest, which they must match."""
+    images = load_images(directory, work)
     if digest and images_digest(images) != digest:
         raise ValueError(
-            f"the images in {directory} are not the ones the tunes sent (digest {images_digest(images)}, the "
-            f"journal's {digest}): give --images, the folder the tunes were given"
+            f"the images in {directory or work / 'images'} are not the ones the tunes sent (digest "
+            f"{images_digest(images)}, the journal's {digest}): give --images, the folder the tunes were given"
         )
     return images
 

@@ -51,6 +51,17 @@ class TuneOutcome:
     resumed: int  # finished pieces of work read back from an earlier run
 
 
+def load_images(folder: str | Path | None, work: Path) -> list[bytes]:
+    """The images a tune sends: ``folder`` (its --images), or the project's benchmark photos, written
+    into ``work/images`` once (seeded: the same bytes every time)."""
+    if folder:
+        return read_images(Path(folder).expanduser())
+    directory = work / "images"
+    if not directory.is_dir():
+        write_benchmark_images(directory)
+    return read_images(directory)
+
+
 def images_digest(images: list[bytes]) -> str:
     digest = hashlib.sha256()
     for image in images:
@@ -104,7 +115,7 @@ class Tuner:
             self.machine = probe_machine(s.device)
             self.space, self.notes = build_grid(s, self.machine)
             self.default = default_candidate(self.machine)
-            self.images = self._images()
+            self.images = load_images(s.images, self.work)
             self.work.mkdir(parents=True, exist_ok=True)
             identity = self._identity()
             self.journal = Journal.open(self.work / _defaults.JOURNAL_FILE, identity, s.restart)
@@ -119,14 +130,6 @@ class Tuner:
         )  # fmt: skip
         self.latency_rate = s.rate
         self.progress = TuneProgress(0, 60 * s.budget_min, self.journal.spent_s, live=self.live_progress)
-
-    def _images(self) -> list[bytes]:
-        if self.settings.images:
-            return read_images(Path(self.settings.images).expanduser())
-        directory = self.work / "images"
-        if not directory.is_dir():
-            write_benchmark_images(directory)
-        return read_images(directory)
 
     def _identity(self) -> dict:
         measured = {k: v for k, v in self.settings.as_dict().items() if k not in NOT_FINGERPRINTED}
