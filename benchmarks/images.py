@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from compile.gate import IMAGE_SUFFIXES
+from compile._defaults import IMAGE_SUFFIXES
 from compile.sample_photos import sample_photo
 
 logger = logging.getLogger(__name__)

@@ -73,9 +73,9 @@ def prepare_inputs(
     images_dir = work / "images"
     if not images_dir.is_dir():
         write_benchmark_images(images_dir)
-    # "-v2": random weights since their residual branches start at zero (compile/weights.py); a work
-    # folder from before keeps its old file, which overflows in fp16.
-    version = "-v2" if weights == "random" else ""
+    # "-v3": random weights since their residual branches start small and the head is scaled
+    # (compile/weights.py); a work folder from before keeps its older file, which runs zero weights.
+    version = "-v3" if weights == "random" else ""
     weights_file = work / f"{model}-{weights.replace('/', '_')}{version}.pt"
     if not weights_file.exists():
         # One file for every contender; `random` is seeded, so reruns serve the same model.
@@ -164,7 +164,9 @@ class ServerConfig:
 
 @contextlib.contextmanager
 def vision_serve(config: ServerConfig, inputs: Inputs) -> Iterator[str]:
-    """A running vision-serve for ``config``; yields its predict URL."""
+    """A running vision-serve for ``config``; yields its predict URL. The server dies with this
+    process, however this process dies (a benchmark killed at its time limit leaves no server behind
+    to take the cores of the next)."""
     log_dir = inputs.log_dir or inputs.work
     log_dir.mkdir(parents=True, exist_ok=True)
     stem = f"server-{config.label.replace(' ', '_').replace('/', '_')}"
@@ -173,7 +175,7 @@ def vision_serve(config: ServerConfig, inputs: Inputs) -> Iterator[str]:
         if not log_path.exists():
             break
         log_path = log_dir / f"{stem}-{n}.log"
-    with ServerProcess(config.args(inputs), log_path=log_path) as server:
+    with ServerProcess(config.args(inputs), log_path=log_path, with_parent=True) as server:
         yield f"{server.url}/predict"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from compile._defaults import IMAGE_SUFFIXES
 from compile.backends.base import EngineCallable, use_exact_fp32
 from compile.catalog import ModelEntry
 from compile.sample_photos import sample_photo_files
@@ -22,7 +23,6 @@ from preprocessing.pil_backend import PilPreprocessor
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 # Bounds how long the gate takes with a big --gate-images folder.
 MAX_GATE_IMAGES = 64
 HIGHER_IS_BETTER = {"top1_agreement": True, "top5_overlap": True, "cosine": True, "max_rel_error": False}
