@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-slow lint clean
+.PHONY: demo test test-fast test-slow gpu-dry-run lint clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,5 +31,10 @@ test-slow: $(VENV)/.installed-test
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest tests/unit -q
 
+# The GPU headline run, dry, in a stand-in of the GPU machine (docs/benchmarks.md, "On a GPU machine"):
+# about 4 minutes (the stand-in: 3 more minutes and 5 GB the first time). The slow tier runs it too.
+gpu-dry-run:
+	bash benchmarks/gpu_headline.sh --dry-run
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .standin .carry .pytest_cache .ruff_cache *.egg-info

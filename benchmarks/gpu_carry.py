@@ -21,6 +21,8 @@ from pathlib import Path
 MiB = 1 << 20
 CARRY_LIMIT = 64 * MiB
 MARGIN = 8 * MiB
+# The headline run (tree + .carry/core) stays well under the limit: its margin is the one spare run.
+HEADLINE_LIMIT = 40 * MiB
 REPO = Path(__file__).resolve().parent.parent
 CARRY = REPO / ".carry"
 
@@ -91,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     fits = True
     limit = CARRY_LIMIT - MARGIN
     print(
-        f"working tree {tree / MiB:.1f} MiB; each run at most {limit / MiB:.0f} MiB ({MARGIN / MiB:.0f} MiB kept free)"
+        f"working tree {tree / MiB:.1f} MiB; each run at most {limit / MiB:.0f} MiB ({MARGIN / MiB:.0f} MiB kept "
+        f"free), the headline's at most {HEADLINE_LIMIT / MiB:.0f} MiB"
     )
     for number, (carried, payload) in enumerate(plan(CARRY, tree), 1):
-        verdict = "ok" if payload <= limit else "TOO BIG"
-        fits = fits and payload <= limit
+        run_limit = HEADLINE_LIMIT if carried == ".carry/core" else limit
+        verdict = "ok" if payload <= run_limit else "TOO BIG"
+        fits = fits and payload <= run_limit
         print(f"  run {number}: tree + {carried} = {payload / MiB:.1f} MiB  {verdict}")
     return 0 if fits else 1
 

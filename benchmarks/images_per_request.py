@@ -19,7 +19,6 @@ from /proc, wrk excluded). Results: ``images_per_request.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import tempfile
@@ -42,8 +41,8 @@ from benchmarks.frontend import (
     running,
 )
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
+from benchmarks.loadgen import oip_images
 from service.launcher import free_port
-from service.oip.tensors import serialize_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -78,17 +77,8 @@ def multipart_request(image: bytes, count: int) -> Request:
 
 def oip_request(image: bytes, count: int, model: str = MODEL) -> Request:
     """The binary tensor extension as tritonclient sends it: JSON header, then the BYTES elements."""
-    data = serialize_bytes([image] * count)
-    header = json.dumps(
-        {
-            "inputs": [
-                {"name": "IMAGE", "shape": [count], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
-            ],
-            "outputs": [{"name": "LABELS", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
-    return Request(f"/v2/models/{model}/infer", header + data, headers)
+    body, headers = oip_images(image, count)
+    return Request(f"/v2/models/{model}/infer", body, headers)
 
 
 def request_for(form: str, image: bytes) -> Request:

@@ -29,13 +29,16 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import random
 import statistics
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -44,6 +47,7 @@ from benchmarks.images import read_images
 from preprocessing.probe import sniff_format
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLOSED, OPEN = "closed", "open"
 CONSTANT, POISSON = "constant", "poisson"
@@ -156,6 +160,25 @@ def raw_image(image: bytes) -> tuple[bytes, dict[str, str]]:
     return image, {"Content-Type": content_type(image)}
 
 
+def oip_images(image: bytes, count: int, output: str = "LABELS") -> tuple[bytes, dict[str, str]]:
+    """An Open Inference Protocol request of ``count`` copies of ``image``, in the binary tensor
+    extension as tritonclient sends it: JSON header, then the BYTES elements. For
+    ``/v2/models/NAME/infer``; ``functools.partial(oip_images, count=32)`` is an ``Encoder``."""
+    from service.oip.tensors import serialize_bytes  # only the client processes of OIP runs need it
+
+    data = serialize_bytes([image] * count)
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "IMAGE", "shape": [count], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
+            ],
+            "outputs": [{"name": output, "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
+    return header + data, headers
+
+
 class _Sender:
     def __init__(
         self, client: httpx.AsyncClient, url: str, images: Sequence[bytes], started: float, encode: Encoder = raw_image
@@ -238,17 +261,25 @@ async def run_load_async(
 
 
 def run_load(
-    url: str, images: Sequence[bytes], spec: LoadSpec, processes: int = 1, encode: Encoder = raw_image
+    url: str,
+    images: Sequence[bytes],
+    spec: LoadSpec,
+    processes: int = 1,
+    encode: Encoder = raw_image,
+    clients: LoadClients | None = None,
 ) -> LoadResult:
     """Blocking :func:`run_load_async`. ``processes`` > 1 splits the load over that many client
     processes (concurrency and rate divided; Poisson streams merge into a Poisson stream), for
-    servers fast enough that one Python client process would be the bottleneck."""
+    servers fast enough that one Python client process would be the bottleneck. ``clients``: client
+    processes started once for many runs (a sweep), instead of a new pool per run."""
     if processes <= 1:
         samples, elapsed = asyncio.run(run_load_async(url, images, spec, encode))
         return LoadResult(spec, samples, elapsed)
     processes = min(processes, spec.requests)  # a client process with nothing to send is no client
     if spec.mode == CLOSED and spec.concurrency < processes:
         raise ValueError(f"concurrency {spec.concurrency} cannot be split over {processes} client processes.")
+    if clients is not None and processes > clients.processes:
+        raise ValueError(f"{processes} client processes asked of a pool of {clients.processes}.")
 
     def share(total: int, i: int) -> int:
         return total // processes + (i < total % processes)
@@ -268,16 +299,74 @@ def run_load(
         )
         for i in range(processes)
     ]
-    # spawn, not fork: the caller may hold CUDA or DALI threads, and a forked child inherits their locks.
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
-        parts = list(pool.map(_run_share, [url] * processes, [list(images)] * processes, shares, [encode] * processes))
+    arguments = ([url] * processes, [list(images)] * processes, shares, [encode] * processes)
+    if clients is not None:
+        parts = clients.map(_run_share, *arguments)
+    else:
+        with LoadClients(processes) as pool:
+            parts = pool.map(_run_share, *arguments)
     samples = [s for part, _ in parts for s in part]
     return LoadResult(spec, samples, max(elapsed for _, elapsed in parts))
 
 
 def _run_share(url: str, images: list[bytes], spec: LoadSpec, encode: Encoder) -> tuple[list[Sample], float]:
     return asyncio.run(run_load_async(url, images, spec, encode))
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+@contextlib.contextmanager
+def _without_main_module() -> Iterator[None]:
+    """Processes spawned in this block do not import the caller's ``__main__``.
+
+    multiprocessing's spawn runs the parent's main module again in every child (to find what it
+    pickled by reference there). A client process needs only this module, but a benchmark's main
+    imports torch and matplotlib: ~8 s of imports per client process and run, measured on 2 cores.
+    multiprocessing reads the main module's ``__spec__`` and ``__file__`` to decide, so they are
+    hidden while the children start. The price: what a child unpickles (the ``encode`` function)
+    must live in an importable module, not in ``__main__``.
+    """
+    main = sys.modules["__main__"]
+    saved = {name: main.__dict__[name] for name in ("__spec__", "__file__") if name in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+class LoadClients:
+    """``processes`` client processes, started once and reused by every run given them.
+
+    ``with LoadClients(8) as clients: run_load(url, images, spec, processes=8, clients=clients)``
+    """
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> LoadClients:
+        # spawn, not fork: the caller may hold CUDA or DALI threads, and a forked child inherits their locks.
+        context = multiprocessing.get_context("spawn")
+        self._pool = concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=context)
+        with _without_main_module():  # the pool starts its processes on the first submits: all of them, now
+            started = [self._pool.submit(_pid) for _ in range(self.processes)]
+            concurrent.futures.wait(started)
+        return self
+
+    def map(self, fn: Callable[..., T], *iterables: Sequence[object]) -> list[T]:
+        if self._pool is None:
+            raise RuntimeError("LoadClients used outside its with block.")
+        with _without_main_module():  # a client process that died is replaced on submit
+            return list(self._pool.map(fn, *iterables))
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
 @dataclass

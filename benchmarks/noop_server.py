@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from service.launcher import free_port
+from service.launcher import free_port, parent_death_hook
 
 STARTUP_TIMEOUT_S = 30.0
 ANSWER = json.dumps(
@@ -42,7 +42,10 @@ def noop_server(workers: int) -> Iterator[str]:
     """A running no-op server on loopback; yields its /predict URL."""
     port = free_port()
     command = [sys.executable, "-m", "benchmarks.noop_server", "--port", str(port), "--workers", str(workers)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # It dies with this process, however this one dies: a killed benchmark leaves no server behind.
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=parent_death_hook(True)
+    )
     url = f"http://127.0.0.1:{port}/predict"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -18,6 +18,9 @@ there gives wrong answers only under real overlap, which a test of one batch doe
 EfficientNet-Lite0 with its real ImageNet weights (they ship in a package), eager fp32 and
 ``--preprocess torch`` (nvJPEG on a GPU). Exit code 1 if any answer differs. Results:
 ``pipeline_check.json`` and ``.md`` in the output folder.
+
+``check_under_load`` is the same comparison against any running server, with bad JPEGs in the mix
+(each must get its own 4xx and harm no photo of its batch): the GPU suite's ``answers`` step.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ import logging
 import statistics
 import sys
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
+from benchmarks.bad_inputs import BadInput
 from benchmarks.common import results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, PHOTOS, photo_jpegs
 from benchmarks.suite import markdown_table
@@ -47,6 +53,7 @@ PROBABILITY_TOLERANCE = 1e-3
 VARIANTS = ((IMAGENET_SIZE, 0), (IMAGENET_SIZE[::-1], 1), ((640, 480), 2), ((320, 240), 3),
             ((512, 512), 4), ((800, 600), 5), ((300, 400), 6), ((1024, 768), 7))  # fmt: skip
 CLIENT_TIMEOUT_S = 120.0
+BAD_EVERY = 16  # check_under_load: one request in this many sends a bad image
 
 
 @dataclass(frozen=True)
@@ -80,24 +87,31 @@ async def _send(client: httpx.AsyncClient, url: str, photo: int, body: bytes) ->
     return Answer(photo, 200, top["index"], top["probability"], int(batch) if batch else None, latency_ms)
 
 
-async def send_all(url: str, photos: list[bytes], requests: int, concurrency: int) -> tuple[list[Answer], float]:
-    """Request ``i`` sends photo ``i % len(photos)``; ``concurrency`` connections, closed loop."""
+async def send_schedule(
+    url: str, schedule: Sequence[tuple[int, bytes]], concurrency: int
+) -> tuple[list[Answer], float]:
+    """Each ``(photo, body)`` of ``schedule`` once, from ``concurrency`` connections, closed loop."""
     answers: list[Answer] = []
-    order = iter(range(requests))
+    order = iter(schedule)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
 
         async def connection() -> None:
-            for i in order:  # shared: each request is sent by exactly one connection
-                photo = i % len(photos)
-                answers.append(await _send(client, url, photo, photos[photo]))
+            for photo, body in order:  # shared: each request is sent by exactly one connection
+                answers.append(await _send(client, url, photo, body))
 
         started = time.perf_counter()
         await asyncio.gather(*(connection() for _ in range(concurrency)))
         return answers, time.perf_counter() - started
 
 
-def compare(answers: list[Answer], reference: dict[int, Answer]) -> dict:
+async def send_all(url: str, photos: list[bytes], requests: int, concurrency: int) -> tuple[list[Answer], float]:
+    """Request ``i`` sends photo ``i % len(photos)``; ``concurrency`` connections, closed loop."""
+    schedule = [(i % len(photos), photos[i % len(photos)]) for i in range(requests)]
+    return await send_schedule(url, schedule, concurrency)
+
+
+def compare(answers: list[Answer], reference: dict[int, Answer], tolerance: float = PROBABILITY_TOLERANCE) -> dict:
     """Answers that differ from their photo's reference, and the largest probability difference."""
     differing = []
     largest = 0.0
@@ -106,9 +120,75 @@ def compare(answers: list[Answer], reference: dict[int, Answer]) -> dict:
         same_class = answer.status == 200 and answer.top1 == expected.top1
         delta = abs(answer.probability - expected.probability) if same_class else float("inf")
         largest = max(largest, delta)
-        if delta > PROBABILITY_TOLERANCE:
+        if delta > tolerance:
             differing.append({"answer": asdict(answer), "reference": asdict(expected)})
     return {"differing": len(differing), "examples": differing[:10], "max_probability_delta": largest}
+
+
+def references(url: str, photos: list[bytes]) -> dict[int, Answer]:
+    """Each photo's answer alone (batch of one): what every later answer of it is compared with."""
+    alone, _ = asyncio.run(send_all(url, photos, len(photos), 1))
+    bad = [a for a in alone if a.status != 200]
+    if bad:
+        raise RuntimeError(f"the reference answers failed: {bad[:3]}")
+    return {answer.photo: answer for answer in alone}
+
+
+def distinguishable(reference: dict[int, Answer], tolerance: float) -> int:
+    """How many photos no other photo's reference matches within ``tolerance``: only for those can
+    a check tell an answer given to the wrong request."""
+    return sum(
+        all(
+            other.top1 != answer.top1 or abs(other.probability - answer.probability) > tolerance
+            for j, other in reference.items()
+            if j != i
+        )
+        for i, answer in reference.items()
+    )
+
+
+def check_under_load(
+    url: str,
+    photos: list[bytes],
+    bad: Sequence[BadInput],
+    requests: int,
+    concurrency: int,
+    tolerance: float,
+    bad_every: int = BAD_EVERY,
+) -> dict:
+    """Answers under load against each photo's answer alone, with a bad image every ``bad_every``
+    requests: every photo must get its own answer (same top-1, top-1 probability within
+    ``tolerance``) and every bad image its own 4xx, whatever batch it shared."""
+    reference = references(url, photos)
+    schedule = []
+    for i in range(requests):
+        if bad and i % bad_every == bad_every - 1:
+            item = (i // bad_every) % len(bad)
+            schedule.append((len(photos) + item, bad[item].body))
+        else:
+            schedule.append((i % len(photos), photos[i % len(photos)]))
+    answers, elapsed = asyncio.run(send_schedule(url, schedule, concurrency))
+    good = [a for a in answers if a.photo < len(photos)]
+    refused = [a for a in answers if a.photo >= len(photos)]
+    wrong_refusals = [
+        {"input": bad[a.photo - len(photos)].name, "status": a.status}
+        for a in refused
+        if a.status not in bad[a.photo - len(photos)].statuses
+    ]
+    found = {
+        **summary(good, elapsed),
+        **compare(good, reference, tolerance),
+        "requests": len(answers),
+        "distinct_photos": len(photos),
+        "distinguishable_photos": distinguishable(reference, tolerance),
+        "probability_tolerance": tolerance,
+        "bad_sent": len(refused),
+        "bad_inputs": [item.name for item in bad],
+        "bad_statuses": dict(sorted(Counter(str(a.status) for a in refused).items())),
+        "bad_wrongly_answered": wrong_refusals[:10],
+    }
+    found["passed"] = found["differing"] == 0 and not wrong_refusals and found["ok"] == len(good)
+    return found
 
 
 def summary(answers: list[Answer], elapsed_s: float) -> dict:
@@ -149,14 +229,10 @@ def run_check(args: argparse.Namespace, out: Path) -> dict:
     for depth in (1, 2):
         log = out / "logs" / f"server-pipeline-check-depth{depth}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with ServerProcess(server_args(args.device, depth, args.preprocess), log_path=log) as server:
+        with ServerProcess(server_args(args.device, depth, args.preprocess), log_path=log, with_parent=True) as server:
             url = f"{server.url}/predict"
             if not reference:
-                alone, _ = asyncio.run(send_all(url, photos, len(photos), 1))
-                reference = {answer.photo: answer for answer in alone}
-                bad = [a for a in alone if a.status != 200]
-                if bad:
-                    raise RuntimeError(f"the reference answers failed: {bad[:3]}; see {log}")
+                reference = references(url, photos)
             asyncio.run(send_all(url, photos, min(args.requests, 2 * args.concurrency), args.concurrency))  # warm
             answers, elapsed = asyncio.run(send_all(url, photos, args.requests, args.concurrency))
         record["depths"][depth] = {**summary(answers, elapsed), **compare(answers, reference)}

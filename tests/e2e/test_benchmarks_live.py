@@ -4,6 +4,7 @@ on loopback (closed and open loop, client processes, its CLI), the per-process s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import subprocess
@@ -12,13 +13,12 @@ import sys
 import pytest
 import torch
 
+from benchmarks.bad_inputs import bad_inputs
 from benchmarks.ceiling import measure_ceiling
+from benchmarks.gpu_suite import ANSWERS_BAD_INPUTS
 from benchmarks.images import read_images
-from benchmarks.loadgen import (
-    CONSTANT,
-    LoadSpec,
-    run_load,
-)
+from benchmarks.loadgen import CONSTANT, LoadClients, LoadSpec, oip_images, run_load
+from benchmarks.pipeline_check import check_photos, check_under_load, compare, distinguishable, references
 from compile.model_request import ModelRequest
 from compile.sample_photos import CAT_LABELS
 from service.launcher import ServerProcess
@@ -81,6 +81,33 @@ def test_client_processes_split_the_load_without_losing_requests(server, images_
     sent = sorted(s.sent_s + s.lag_ms / 1e3 for s in samples)
     gaps = [b - a for a, b in itertools.pairwise(sent)]
     assert len(sent) == 6 and all(0.08 < gap < 0.25 for gap in gaps), gaps
+
+
+def test_answers_under_load_match_each_photo_alone_and_bad_jpegs_fail_alone(server) -> None:
+    """The headline's answers check (benchmarks/pipeline_check.py) on a real server: every photo gets
+    its own answer whatever batch it shared with bad JPEGs, and the check sees a mixed-up answer."""
+    photos = check_photos(12)
+    bad = [item for item in bad_inputs() if item.name in ANSWERS_BAD_INPUTS]
+    found = check_under_load(f"{server.url}/predict", photos, bad, requests=64, concurrency=8, tolerance=1e-3)
+    assert found["passed"] and found["differing"] == 0 and found["ok"] == 60
+    assert found["bad_sent"] == 4 and found["bad_statuses"] == {"400": 4} and not found["bad_wrongly_answered"]
+    assert found["mean_batch"] > 1  # the photos shared batches (max 4 here) with each other and the bad ones
+    # The same answers against a reference whose photos are swapped: the check must see it.
+    reference = references(f"{server.url}/predict", photos)
+    assert distinguishable(reference, 1e-3) >= 10
+    swapped = {**reference, 0: reference[1], 1: reference[0]}
+    answers = [reference[0], reference[1]]
+    assert compare(answers, swapped, 1e-3)["differing"] == 2
+
+
+def test_load_clients_carry_many_runs_and_open_inference_protocol_bodies(server, images_dir) -> None:
+    images = read_images(images_dir)[:2]
+    infer = f"{server.url}/v2/models/efficientnet-lite0/infer"
+    with LoadClients(2) as clients:
+        predict = run_load(f"{server.url}/predict", images, LoadSpec(8, concurrency=2), processes=2, clients=clients)
+        oip = run_load(infer, images, LoadSpec(4, concurrency=2), processes=2,
+                       encode=functools.partial(oip_images, count=3), clients=clients)  # fmt: skip
+    assert predict.summary()["statuses"] == {"200": 8} and oip.summary()["statuses"] == {"200": 4}
 
 
 def test_loadgen_cli_writes_its_json(server, images_dir, tmp_path) -> None:

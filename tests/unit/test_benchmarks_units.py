@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -255,6 +258,24 @@ def test_metrics_overhead_benchmark_measures_and_saves(tmp_path, capsys) -> None
     assert "one scrape, files of 7 processes" in capsys.readouterr().out
 
 
+def test_engine_steps_take_the_compile_steps_artifact_or_fail_saying_why(tmp_path) -> None:
+    """Only the compile step compiles: a later step without its artifact fails at once with the
+    compile's status, instead of compiling again inside its own time cap."""
+    from benchmarks.gpu_suite import StepFailed, compiled_artifact
+
+    failed = {"steps": {"compile": {"status": "failed: compile-trt exited 3"}}, "compile": {"failed": "exit 3"}}
+    with pytest.raises(StepFailed, match="the compile step's status is 'failed: compile-trt exited 3'"):
+        compiled_artifact(failed)
+    with pytest.raises(StepFailed, match="status is 'not run'"):
+        compiled_artifact({"steps": {}})
+    artifact = tmp_path / "artifact"
+    with pytest.raises(StepFailed):  # recorded, but gone from this machine (a fresh one)
+        compiled_artifact({"steps": {"compile": {"status": "ok"}}, "compile": {"artifact": str(artifact)}})
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text("{}")
+    assert compiled_artifact({"steps": {}, "compile": {"artifact": str(artifact)}}) == artifact
+
+
 def test_gpu_suite_resumes_a_saved_record_with_numeric_concurrencies() -> None:
     """A record read back from JSON (string keys) sorts and plots by concurrency, not as text."""
     from benchmarks.gpu_suite import _int_keys
@@ -262,6 +283,31 @@ def test_gpu_suite_resumes_a_saved_record_with_numeric_concurrencies() -> None:
     saved = json.loads(json.dumps({"sweeps": {"baseline": {1: {}, 64: {}, 256: {}}}}))
     assert max(saved["sweeps"]["baseline"]) == "64"  # what went wrong without the conversion
     assert max(_int_keys(saved["sweeps"]["baseline"])) == 256
+
+
+def test_load_clients_serve_many_runs_without_importing_the_callers_main(tmp_path) -> None:
+    """A sweep's client processes start once, and do not import the benchmark that runs them (its
+    torch and matplotlib cost ~8 s per process and run on 2 cores)."""
+    script = tmp_path / "bench_main.py"
+    script.write_text(
+        "import json, psutil, sys\n"
+        "import xml.dom.minidom  # stands for the benchmark's heavy imports: nothing of the load generator needs it\n"
+        "from benchmarks.loadgen import LoadClients\n"
+        "from tests.loadgen_probe import imported\n"
+        "if __name__ == '__main__':\n"
+        "    with LoadClients(2) as clients:\n"
+        "        first = clients.map(imported, ['xml.dom.minidom'] * 4)\n"
+        "        second = clients.map(imported, ['xml.dom.minidom'] * 4)\n"
+        "        pids = [c.pid for c in psutil.Process().children() if 'resource_tracker' not in str(c.cmdline())]\n"
+        "    print(json.dumps([pids, first, second]))\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=repo,
+                         env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    pids, first, second = json.loads(run.stdout)
+    assert len(pids) == 2 and {pid for pid, _ in first + second} <= set(pids)  # no process started per run
+    assert not any(has for _, has in first + second), "a client process imported the caller's main module"
 
 
 def test_noop_server_answers_every_request_of_the_load_generator(tmp_path) -> None:

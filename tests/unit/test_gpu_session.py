@@ -1,6 +1,7 @@
-"""The GPU session's orchestration (benchmarks/gpu_session.py, gpu_carry.py) on this CPU: budgets,
-timeouts, packing whatever happens, the carried stream, and the phases' plumbing. A GPU is lent
-rarely and for 30 minutes: a typo or an overrun found there costs a run."""
+"""The GPU session's orchestration (benchmarks/gpu_session.py, gpu_carry.py, gpu_machine.py) on this
+CPU: budgets, timeouts, nothing left running, delivery after every step whatever happens, reruns, the
+carried stream and lists, and the phases' plumbing. A GPU is lent rarely and for 15 device-minutes: a
+typo, an overrun or a missing module found there costs the run."""
 
 from __future__ import annotations
 
@@ -9,21 +10,26 @@ import io
 import json
 import random
 import shlex
+import signal
+import subprocess
 import sys
 import tarfile
+import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from benchmarks import gpu_carry, gpu_session, gpu_suite
-from benchmarks.gpu_session import PHASES, Session, Step, receive_parts, run_phase, run_step
+from benchmarks import gpu_carry, gpu_machine, gpu_session, gpu_suite
+from benchmarks.gpu_session import PHASES, Outcome, Session, Step, receive_parts, run_phase, run_step
 
 SH = "/bin/sh"
+PY = sys.executable
 
 
-def session(tmp_path: Path, budget_s: float = 60.0, phase: str = "test") -> Session:
-    return Session(phase, budget_s, dry_run=False, results=tmp_path / "results")
+def session(tmp_path: Path, budget_s: float = 60.0, phase: str = "test", **kwargs: object) -> Session:
+    return Session(phase, budget_s, dry_run=False, results=tmp_path / "results", out=tmp_path / "out", **kwargs)
 
 
 def unpacked(tarball: Path) -> dict[str, bytes]:
@@ -31,41 +37,79 @@ def unpacked(tarball: Path) -> dict[str, bytes]:
         return {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
 
 
+def statuses(out: Path, phase: str = "test") -> dict[str, str]:
+    record = json.loads((out / "session.json").read_text())[phase]
+    return {name: step["status"] for name, step in record["steps"].items()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_a_step_past_its_cap_is_killed_with_its_children_and_the_phase_goes_on(tmp_path) -> None:
     marker = tmp_path / "child-survived"
     slow = Step("slow", (SH, "-c", f"(sleep 3; touch {marker}) & sleep 30"), cap_s=1, min_s=0)
     fast = Step("fast", (SH, "-c", "echo measured"), cap_s=10, min_s=0)
     started = time.monotonic()
-    outcomes = run_phase("test", [slow, fast], session(tmp_path), tmp_path / "out")
-    assert time.monotonic() - started < 10
+    outcomes = run_phase("test", [slow, fast], session(tmp_path))
+    assert time.monotonic() - started < 15
     assert outcomes["slow"].status == "timed out after 1 s" and outcomes["fast"].status == "ok"
     time.sleep(3.5)
     assert not marker.exists(), "the step's whole process group must die with it"
 
 
+# A "server": a process in a session of its own (as vision-serve is started), which outlives its
+# starter and is no member of the step's process group: only the step's tag finds it.
+SERVER = textwrap.dedent("""
+    import pathlib, subprocess, sys
+    server = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    pathlib.Path(sys.argv[1]).write_text(str(server.pid))
+""")
+
+
+@pytest.mark.parametrize("ending", ["exits", "times out"])
+def test_a_server_a_step_started_in_a_session_of_its_own_dies_with_the_step(tmp_path, ending: str) -> None:
+    pid_file = tmp_path / "server.pid"
+    command = (PY, "-c", SERVER + ("" if ending == "exits" else "import time; time.sleep(60)\n"), str(pid_file))
+    outcomes = run_phase("test", [Step("serve", command, cap_s=3, min_s=0)], session(tmp_path))
+    assert outcomes["serve"].status == ("ok" if ending == "exits" else "timed out after 3 s")
+    server = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server), "a step's server must not outlive the step (it would take the next step's cores)"
+
+
 def test_steps_that_no_longer_fit_the_budget_are_skipped_and_say_why(tmp_path) -> None:
     budget = gpu_session.PACK_RESERVE_S + 2.0
     steps = [Step("first", (SH, "-c", "sleep 1.5"), cap_s=10, min_s=0), Step("second", (SH, "-c", "true"), 10, 5)]
-    outcomes = run_phase("test", steps, session(tmp_path, budget), tmp_path / "out")
+    outcomes = run_phase("test", steps, session(tmp_path, budget))
     assert outcomes["first"].status == "ok"
-    assert outcomes["second"].status.startswith("skipped: 0 s left of the budget, needs 5")
+    assert outcomes["second"].status.startswith("skipped: only 0 s left of the budget, needs 5")
+    assert outcomes["second"].missed  # a step the budget dropped was not done: the run says so
 
 
 def test_every_log_and_the_statuses_come_back_also_after_a_failure(tmp_path) -> None:
     steps = [
         Step("fails", (SH, "-c", "echo about to fail; exit 3"), cap_s=10, min_s=0),
-        Step("writes", (sys.executable, "-c", "import pathlib; pathlib.Path('{results}/r.json').write_text('{}')"),
+        Step("writes", (PY, "-c", "import pathlib; pathlib.Path('{results}/gpu_suite.md').write_text('# r')"),
              cap_s=30, min_s=0),
         Step("missing", ("/nonexistent/tool",), cap_s=10, min_s=0),
     ]  # fmt: skip
-    run_phase("test", steps, session(tmp_path), tmp_path / "out")
-    files = unpacked(tmp_path / "out" / "gpu-results.tar.gz")
+    run_phase("test", steps, session(tmp_path))
+    out = tmp_path / "out"
+    files = unpacked(out / gpu_session.TARBALL)
     assert b"about to fail" in files["results/logs/test-fails.log"]
-    assert files["results/r.json"] == b"{}"  # "{results}" is the session's results folder
-    record = json.loads(files["results/session.json"])["test"]
-    statuses = {name: step["status"] for name, step in record["steps"].items()}
-    assert statuses["fails"] == "failed (exit 3)" and statuses["writes"] == "ok"
-    assert statuses["missing"].startswith("failed: ")
+    assert files["results/gpu_suite.md"] == b"# r"  # "{results}" is the session's results folder
+    assert (out / "gpu_suite.md").read_text() == "# r"  # and the report also comes back unpacked
+    found = statuses(out)
+    assert found["fails"] == "failed (exit 3)" and found["writes"] == "ok"
+    assert found["missing"].startswith("failed: ")
+    # What the run tool brings back: at most 8 plain files, at most 2 folders down.
+    assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())
 
 
 def test_a_background_step_is_waited_for_and_its_outcome_recorded(tmp_path) -> None:
@@ -73,17 +117,91 @@ def test_a_background_step_is_waited_for_and_its_outcome_recorded(tmp_path) -> N
         Step("compile", (SH, "-c", "sleep 1; echo built"), cap_s=60, background=True),
         Step("meanwhile", (SH, "-c", "echo tests"), cap_s=10, min_s=0),
         Step("wait:compile", (), cap_s=30, min_s=0),
+        Step("serve", (SH, "-c", "true"), cap_s=10, min_s=0, needs=("compile",)),
     ]
-    outcomes = run_phase("test", steps, session(tmp_path), tmp_path / "out")
+    outcomes = run_phase("test", steps, session(tmp_path))
     assert outcomes["compile"].status == "ok" and outcomes["compile"].seconds >= 1
-    assert outcomes["wait:compile"].status == "ok"
-    assert b"built" in unpacked(tmp_path / "out" / "gpu-results.tar.gz")["results/logs/test-compile.log"]
+    assert outcomes["wait:compile"].status == "ok" and outcomes["serve"].status == "ok"
+    assert b"built" in unpacked(tmp_path / "out" / gpu_session.TARBALL)["results/logs/test-compile.log"]
+
+
+def test_a_failed_compile_fails_its_wait_and_no_later_step_compiles_again(tmp_path) -> None:
+    ran = tmp_path / "ran"
+    steps = [
+        Step("compile", (SH, "-c", "echo gate failed; exit 3"), cap_s=60, background=True),
+        Step("wait:compile", (), cap_s=30, min_s=0),
+        Step("serve", (SH, "-c", f"touch {ran}"), cap_s=10, min_s=0, needs=("compile",)),
+        Step("client", (SH, "-c", "true"), cap_s=10, min_s=0),
+    ]
+    outcomes = run_phase("test", steps, session(tmp_path))
+    assert outcomes["compile"].status == "failed (exit 3)"
+    assert outcomes["wait:compile"].status == "failed: compile failed (exit 3)"
+    assert outcomes["serve"].status == "skipped: needs compile, which failed (exit 3)" and not ran.exists()
+    assert outcomes["client"].status == "ok"  # what does not need the engine still runs
+
+
+def test_a_background_step_never_waited_for_is_stopped_with_the_phase(tmp_path) -> None:
+    pid_file = tmp_path / "server.pid"
+    steps = [
+        Step("compile", (PY, "-c", SERVER + "import time; time.sleep(60)\n", str(pid_file)), 60, background=True),
+        Step("meanwhile", (SH, "-c", f"while [ ! -s {pid_file} ]; do sleep 0.1; done"), cap_s=30, min_s=0),
+    ]
+    started = time.monotonic()
+    outcomes = run_phase("test", steps, session(tmp_path))
+    assert time.monotonic() - started < 20 and outcomes["compile"].status == "stopped: the phase ended before it"
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_results_come_back_while_a_step_runs_and_a_killed_run_keeps_its_finished_steps(tmp_path) -> None:
+    """SIGKILL to the whole run mid-step (the run tool's time limit): what the finished steps and the
+    running one saved is in $OUT already."""
+    out = tmp_path / "out"
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from benchmarks import gpu_session
+        from benchmarks.gpu_session import Session, Step, run_phase
+        gpu_session.PACK_EVERY_S = 0.5
+        write = "import pathlib, time; pathlib.Path('{{results}}/{{name}}').write_text('x'); time.sleep({{sleep}})"
+        first = write.format(results="{{results}}", name="first.json", sleep=0)
+        second = write.format(results="{{results}}", name="second.json", sleep=60)
+        steps = [Step("first", ("{PY}", "-c", first), 30, 0), Step("second", ("{PY}", "-c", second), 90, 0)]
+        run_phase("test", steps, Session("test", 120.0, False, Path(sys.argv[1]), Path(sys.argv[2])))
+    """)
+    run = subprocess.Popen([PY, "-c", script, str(tmp_path / "results"), str(out)], cwd=gpu_session.REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        tarball = out / gpu_session.TARBALL
+        if tarball.exists() and "results/second.json" in unpacked(tarball):
+            break
+        time.sleep(0.2)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    assert statuses(out)["first"] == "ok"
+    files = unpacked(out / gpu_session.TARBALL)
+    assert {"results/first.json", "results/second.json", "results/logs/test-first.log"} <= set(files)
+    assert not list(out.glob(".*.tmp")) or all(p.name.startswith(".") for p in out.glob(".*"))
+
+
+def test_a_rerun_runs_only_the_steps_that_did_not_end_ok(tmp_path) -> None:
+    ran = tmp_path / "ran"
+    steps = [
+        Step("compile", (SH, "-c", f"echo compile >> {ran}"), cap_s=10, min_s=0),
+        Step("serve", (SH, "-c", f"echo serve >> {ran}; exit 1"), cap_s=10, min_s=0, needs=("compile",)),
+    ]
+    run_phase("test", steps, session(tmp_path))
+    previous = gpu_session.previous_outcomes(tmp_path / "results", "test")
+    assert set(previous) == {"install", "compile"} or set(previous) == {"compile"}
+    outcomes = run_phase("test", steps, session(tmp_path, previous=previous))
+    assert ran.read_text().split() == ["compile", "serve", "serve"]  # compile: a cache hit not even asked
+    assert outcomes["compile"].status == "ok in the run before" and outcomes["serve"].status == "failed (exit 1)"
 
 
 def test_a_dry_run_runs_dry_forms_and_skips_gpu_only_steps(tmp_path) -> None:
-    dry = Session("test", 60.0, dry_run=True, results=tmp_path / "results")
+    dry = Session("test", 60.0, dry_run=True, results=tmp_path / "results", out=tmp_path / "out")
     assert run_step(dry, Step("nvidia-smi", ("nvidia-smi",), 10), {}).status == "skipped: not in a dry run"
     assert run_step(dry, Step("suite", ("/nonexistent",), 10, min_s=0, dry=(SH, "-c", "true")), {}).status == "ok"
+    assert not Outcome("skipped: not in a dry run").missed and Outcome("timed out after 3 s").missed
 
 
 def xz_pack(files: dict[str, bytes]) -> bytes:
@@ -144,6 +262,13 @@ def test_every_run_of_the_carry_plan_fits_with_room(tmp_path) -> None:
     assert gpu_carry.tree_bytes() < 16 * gpu_carry.MiB  # what every run carries besides its share
 
 
+def test_the_headline_carry_fits_its_limit_when_packed() -> None:
+    core = gpu_carry.CARRY / "core"
+    if not (core / ".carry").exists():
+        pytest.skip("no .carry/core here: bash benchmarks/gpu_pack.sh makes it (the dry-run test does)")
+    assert gpu_carry.tree_bytes() + gpu_carry.folder_bytes(core) <= gpu_carry.HEADLINE_LIMIT
+
+
 def commands() -> list[tuple[str, Step, tuple[str, ...]]]:
     return [(phase, step, form) for phase, steps in PHASES.items() for step in steps
             for form in (step.command, step.dry) if form]  # fmt: skip
@@ -163,5 +288,42 @@ def test_the_phases_name_only_suite_steps_tests_and_flags_that_exist() -> None:
             with pytest.raises(SystemExit) as parsed:  # parses every flag, then stops at --help
                 main([arg.replace("{results}", "/tmp") for arg in command[3:]] + ["--help"])
             assert parsed.value.code == 0, shlex.join(command)
-    serve = [step.name for step in PHASES["serve"]]
-    assert serve.index("client") < serve.index("serve"), "the client's ceiling comes before the sweeps it qualifies"
+    for phase, steps in PHASES.items():
+        names = [step.name for step in steps]
+        assert len(names) == len(set(names)), phase
+        for step in steps:  # a step needs one that comes before it in its phase
+            assert all(need in names[: names.index(step.name)] for need in step.needs), (phase, step.name)
+
+
+def test_the_headline_measures_the_served_engine_first_and_alone() -> None:
+    names = [step.name for step in PHASES["headline"]]
+    background = [step.name for step in PHASES["headline"] if step.background]
+    assert background == ["compile"] and names.index("wait:compile") < names.index("serve")
+    # Nothing runs beside the measurements: every background step is waited for before the first one.
+    first = names.index("serve")
+    assert all(names.index(f"wait:{name}") < first for name in background)
+    assert names[first + 1 :] == ["baseline", "client", "ceiling"]  # then what qualifies it
+
+
+def test_the_carry_covers_every_runtime_dependency_the_gpu_machine_lacks() -> None:
+    """The lists as committed agree, and the check finds what broke the last GPU plan: simplejpeg, a
+    runtime dependency neither on the machine nor carried, and a stand-in package the machine lacks."""
+    machine = gpu_machine.read_names(gpu_machine.MACHINE_LIST)
+    carried = gpu_machine.read_names(gpu_machine.CARRY_LIST)
+    standin = gpu_machine.read_names(gpu_machine.STANDIN_LIST)
+    runtime = gpu_machine.runtime_dependencies()
+    assert gpu_machine.main(["check"]) == 0
+    assert {"torch", "simplejpeg", "litserve", "pyzmq"} <= set(runtime)
+    assert {"torch", "torchvision", "numpy", "pillow"} <= set(standin) and "simplejpeg" not in standin
+    without = [name for name in carried if name != "simplejpeg"]
+    problems = gpu_machine.list_problems(machine, without, standin, runtime)
+    assert len(problems) == 1 and problems[0].startswith("simplejpeg: a runtime dependency")
+    problems = gpu_machine.list_problems(machine, carried, [*standin, "simplejpeg"], runtime)
+    assert len(problems) == 1 and problems[0].startswith("simplejpeg: in gpu_standin.txt but not on the GPU")
+
+
+def test_requirement_lines_name_their_distribution() -> None:
+    assert gpu_machine.requirement_name("tritonclient[grpc]>=2.40") == "tritonclient"
+    assert gpu_machine.requirement_name("Typing_Extensions==4.16.0  # why") == "typing-extensions"
+    assert gpu_machine.requirement_name("# a comment") is None
+    assert gpu_machine.requirement_name("tomli>=2; python_version < '3.11'") == "tomli"
