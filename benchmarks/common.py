@@ -43,7 +43,12 @@ def machine_record(device: torch.device | None = None) -> dict:
 
 
 def write_results(directory: Path, stem: str, record: dict, text: str, text_suffix: str = ".txt") -> None:
+    """``stem.json`` and the text beside it, each replaced whole (the GPU session packs the folder
+    while a benchmark writes into it)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
-    (directory / f"{stem}{text_suffix}").write_text(text.rstrip() + "\n")
+    files = {f"{stem}.json": json.dumps(record, indent=2) + "\n", stem + text_suffix: text.rstrip() + "\n"}
+    for name, content in files.items():
+        temporary = directory / f".{name}.tmp"
+        temporary.write_text(content)
+        os.replace(temporary, directory / name)
     print(f"wrote {directory / stem}.json and {text_suffix}")

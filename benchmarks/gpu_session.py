@@ -103,6 +103,7 @@ class Session:
     started: float = field(default_factory=time.monotonic)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     background: dict[str, tuple[subprocess.Popen, float]] = field(default_factory=dict)  # process, started
+    running: tuple[str, subprocess.Popen] | None = None  # the foreground step now running
 
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.started) - PACK_RESERVE_S
@@ -161,7 +162,7 @@ def suite_step(name: str, steps: Sequence[str], cap_s: float, min_s: float, need
 FAST_GPU_TESTS = "not dali and not cvcuda and not inductor"
 ENGINE = ("compile",)
 # Caps and minimums from the first H100 session (2026-11-22): ResNet-152's fp16 compile took 136 s,
-# the fast GPU tests ~60 s, a server start ~30 s; a sweep point is 10 s of load after its warm-up.
+# the fast GPU tests ~60 s, the baseline's 3 runs of 15 s 99 s; a sweep point is 8 s after its warm-up.
 PHASES: dict[str, list[Step]] = {
     # The headline first: compiled ResNet-152 served (serve), then what qualifies it. The compile runs
     # beside the checks that need no engine; everything after it runs alone, so nothing else takes the
@@ -170,11 +171,11 @@ PHASES: dict[str, list[Step]] = {
         Step("nvidia-smi", NVIDIA_SMI, 30, min_s=5),
         Step("versions", VERSIONS, 60, min_s=5, dry=VERSIONS),
         Step("compile", suite("compile"), 420, background=True, dry=suite("compile", dry=True)),
-        Step("answers-depth", (*PIPELINE_CHECK, "--requests", "2000"), 100, min_s=60, dry=PIPELINE_CHECK_DRY),
+        Step("answers-depth", (*PIPELINE_CHECK, "--requests", "2000"), 130, min_s=60, dry=PIPELINE_CHECK_DRY),
         Step("pytest-gpu", gpu_tests(FAST_GPU_TESTS), 150, min_s=60, dry=gpu_tests(FAST_GPU_TESTS)),
         Step("wait:compile", (), 300, min_s=5, dry=()),
         suite_step("serve", ("serve", "answers", "images"), 170, 90, needs=ENGINE),
-        suite_step("baseline", ("baseline",), 100, 60),
+        suite_step("baseline", ("baseline",), 130, 60),
         suite_step("client", ("client",), 60, 30),
         suite_step("ceiling", ("ceiling",), 90, 40, needs=ENGINE),
     ],
@@ -218,16 +219,17 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """The processes, other than this one, whose environment carries ``STEP_TAG=tag``: a step's whole
-    tree, wherever its members moved (a server starts its own process session; an orphan's parent is 1)."""
-    needle = f"{STEP_TAG}={tag}\0".encode()
+def tagged_processes(tag: str | None) -> list[int]:
+    """The processes, other than this one, whose environment carries ``STEP_TAG=tag`` (any tag for
+    None): a step's whole tree, wherever its members moved (a server starts its own process session;
+    an orphan's parent is 1)."""
+    needle = f"\0{STEP_TAG}={'' if tag is None else tag + chr(0)}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):  # gone, or not ours to read
-            if needle in (entry / "environ").read_bytes():
+            if needle in b"\0" + (entry / "environ").read_bytes():
                 found.append(int(entry.name))
     return found
 
@@ -238,9 +240,10 @@ def command_line(pid: int) -> str:
     return "?"
 
 
-def kill_tagged(tag: str, grace_s: float = TERM_GRACE_S) -> list[str]:
-    """SIGTERM to every process of the step (a server drains and stops its workers), then SIGKILL to
-    whatever is left after ``grace_s``. Returns what was found: pid and command line of each."""
+def kill_tagged(tag: str | None, grace_s: float = TERM_GRACE_S) -> list[str]:
+    """SIGTERM to every process of the step (of any step for None: what an earlier run on this machine
+    left), then SIGKILL to whatever is left after ``grace_s``; a server drains and stops its workers
+    on SIGTERM. Returns what was found: pid and command line of each."""
     found = tagged_processes(tag)
     named = [f"{pid} {command_line(pid)[:200]}" for pid in found]
     for pid in found:
@@ -274,7 +277,10 @@ def wait_delivering(session: Session, process: subprocess.Popen, timeout: float)
         try:
             return process.wait(min(PACK_EVERY_S, left))
         except subprocess.TimeoutExpired:
-            deliver(session)
+            try:
+                deliver(session)
+            except OSError as exc:  # the next delivery, or the one after the step, tries again
+                log(f"delivery failed, going on: {exc}")
     return None
 
 
@@ -308,9 +314,11 @@ def run_step(session: Session, step: Step, env: dict[str, str]) -> Outcome:
         out.write(f"$ {' '.join(command)}\n".encode())
         out.flush()
         try:
+            # A process group of its own, to stop it whole; not a session of its own, so that the run
+            # tool, which ends what a command leaves running, ends it too if this process is killed.
             tagged = {**env, STEP_TAG: session.tag(step.name)}
             process = subprocess.Popen(command, cwd=REPO, env=tagged, stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                       stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)  # fmt: skip
         except OSError as exc:
             out.write(f"could not start: {exc}\n".encode())
             return Outcome(f"failed: {exc}")
@@ -318,7 +326,9 @@ def run_step(session: Session, step: Step, env: dict[str, str]) -> Outcome:
         session.background[step.name] = (process, started)
         return Outcome("started")
     timeout = min(step.cap_s, session.left_s())
+    session.running = (step.name, process)
     code = wait_delivering(session, process, timeout)
+    session.running = None
     if code is None:
         kill_group(process)
         outcome = Outcome(f"timed out after {timeout:.0f} s", time.monotonic() - started)
@@ -350,8 +360,14 @@ def wait_for(session: Session, name: str, timeout: float) -> Outcome:
     return Outcome(verdict, time.monotonic() - waited)
 
 
-def stop_background(session: Session) -> None:
-    """Whatever a phase started in the background and never waited for: stopped with the phase."""
+def stop_unfinished(session: Session) -> None:
+    """What a phase leaves when it is interrupted (the step running in the foreground) or never
+    waited for (a background step): stopped with the phase, its processes with it."""
+    if session.running is not None:
+        name, process = session.running
+        kill_group(process)
+        kill_tagged(session.tag(name))
+        session.running = None
     for name, (process, started) in list(session.background.items()):
         if process.poll() is None:
             kill_group(process)
@@ -467,6 +483,7 @@ def deliver(session: Session) -> Path:
             except OSError:
                 if attempt == 2:
                     raise
+                time.sleep(0.5)
 
     _replace(tarball, pack)
     for name in DELIVERED:
@@ -489,7 +506,7 @@ def delivered_at_exit(session: Session) -> Iterator[None]:
         session.outcomes["(interrupted)"] = Outcome("stopped by a signal")
     finally:
         signal.signal(signal.SIGTERM, previous)
-        stop_background(session)
+        stop_unfinished(session)
         tarball = deliver(session)
         log(f"delivered {tarball} ({tarball.stat().st_size / 1e6:.1f} MB) and {', '.join(DELIVERED)}")
 
@@ -525,17 +542,23 @@ def run_phase(
     return session.outcomes
 
 
-def previous_outcomes(results: Path, phase: str) -> dict[str, Outcome]:
-    """The steps of ``phase`` that ended ok in the last run into ``results`` (for --rerun)."""
+def previous_outcomes(results: Path, phase: str) -> dict[str, Outcome] | None:
+    """For --rerun: what the last run into ``results`` settled, by step. Ended ok: not run again.
+    Failed: not run again either (a failure wants a fix, not the same command a second time), and
+    recorded as such so that the steps that need it are skipped. Timed out, skipped or stopped: run
+    again. None when there is no record of ``phase`` there (a fresh machine)."""
     record_path = results / "session.json"
-    if not record_path.exists():
-        return {}
-    steps = json.loads(record_path.read_text()).get(phase, {}).get("steps", {})
-    return {
-        name: Outcome("ok in the run before", step["seconds"])
-        for name, step in steps.items()
-        if Outcome(step["status"]).ok
-    }
+    record = json.loads(record_path.read_text()).get(phase) if record_path.exists() else None
+    if not record:
+        return None
+    settled = {}
+    for name, step in record["steps"].items():
+        outcome = Outcome(step["status"], step["seconds"])
+        if outcome.ok:
+            settled[name] = Outcome("ok in the run before", outcome.seconds)
+        elif outcome.status.startswith("failed"):
+            settled[name] = Outcome(f"failed in the run before: {outcome.status.removeprefix('failed').lstrip(': ')}")
+    return settled
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -553,8 +576,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = args.results or RESULTS.with_name(RESULTS.name + suffix)
     site = args.site or SITE.with_name(SITE.name + suffix)
     previous = previous_outcomes(results, args.phase) if args.rerun else {}
-    if args.rerun and not previous:
-        log(f"--rerun: no step of {args.phase} ended ok in {results} (a fresh machine?): running them all")
+    if previous is None:
+        log(
+            f"--rerun: no run of {args.phase} recorded in {results}: this is a fresh machine (the warm one went "
+            "back), and a rerun's budget cannot hold the whole phase. Run it without --rerun, if device time allows."
+        )
+        return 2
+    if leftovers := kill_tagged(None):  # a rerun must not measure beside what a killed run left
+        log(f"stopped {len(leftovers)} processes an earlier run left: {'; '.join(leftovers)}")
     if args.phase == "headline" and not args.rerun:
         shutil.rmtree(results, ignore_errors=True)  # one headline per folder: no record of another run mixes in
     results.mkdir(parents=True, exist_ok=True)

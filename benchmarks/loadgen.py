@@ -360,8 +360,17 @@ class LoadClients:
     def map(self, fn: Callable[..., T], *iterables: Sequence[object]) -> list[T]:
         if self._pool is None:
             raise RuntimeError("LoadClients used outside its with block.")
-        with _without_main_module():  # a client process that died is replaced on submit
-            return list(self._pool.map(fn, *iterables))
+        try:
+            with _without_main_module():
+                return list(self._pool.map(fn, *iterables))
+        except concurrent.futures.process.BrokenProcessPool:
+            # A client process died (killed, out of memory): the pool takes no more work. Once, a new
+            # pool and the same run again; a second death is the caller's to see.
+            logger.warning("A load client process died; starting them again and repeating the run.")
+            self.__exit__()
+            self.__enter__()
+            with _without_main_module():
+                return list(self._pool.map(fn, *iterables))
 
     def __exit__(self, *exc_info: object) -> None:
         if self._pool is not None:

@@ -64,6 +64,11 @@ class Answer:
     probability: float | None = None
     batch_size: int | None = None
     latency_ms: float = 0.0
+    top5: tuple[tuple[int, float], ...] = ()  # (class index, probability), best first
+
+    def probability_of(self, index: int | None) -> float | None:
+        """This answer's probability of class ``index``, if it is among its top 5."""
+        return next((p for i, p in self.top5 if i == index), None)
 
 
 def check_photos(distinct: int) -> list[bytes]:
@@ -82,9 +87,11 @@ async def _send(client: httpx.AsyncClient, url: str, photo: int, body: bytes) ->
     latency_ms = (time.perf_counter() - started) * 1e3
     if response.status_code != 200:
         return Answer(photo, response.status_code, latency_ms=latency_ms)
-    top = response.json()["predictions"][0]
+    predictions = response.json()["predictions"]
+    top5 = tuple((p["index"], p["probability"]) for p in predictions)
     batch = response.headers.get("X-Batch-Size")
-    return Answer(photo, 200, top["index"], top["probability"], int(batch) if batch else None, latency_ms)
+    top = predictions[0]
+    return Answer(photo, 200, top["index"], top["probability"], int(batch) if batch else None, latency_ms, top5)
 
 
 async def send_schedule(
@@ -112,17 +119,25 @@ async def send_all(url: str, photos: list[bytes], requests: int, concurrency: in
 
 
 def compare(answers: list[Answer], reference: dict[int, Answer], tolerance: float = PROBABILITY_TOLERANCE) -> dict:
-    """Answers that differ from their photo's reference, and the largest probability difference."""
+    """Answers that differ from their photo's reference: the probability the answer gives the
+    reference's top-1 class must be within ``tolerance`` of the reference's. Judged by that class,
+    not by the answer's own top-1: a near tie (two classes closer than the engine's rounding, as a
+    random model's can be in fp16) may swap places with the batch's kernels; ``top1_swaps`` counts
+    those, which passed because the reference's class kept its probability."""
     differing = []
     largest = 0.0
+    swaps = 0
     for answer in answers:
         expected = reference[answer.photo]
-        same_class = answer.status == 200 and answer.top1 == expected.top1
-        delta = abs(answer.probability - expected.probability) if same_class else float("inf")
+        given = answer.probability_of(expected.top1) if answer.status == 200 else None
+        delta = abs(given - expected.probability) if given is not None else float("inf")
         largest = max(largest, delta)
         if delta > tolerance:
             differing.append({"answer": asdict(answer), "reference": asdict(expected)})
-    return {"differing": len(differing), "examples": differing[:10], "max_probability_delta": largest}
+        elif answer.top1 != expected.top1:
+            swaps += 1
+    return {"differing": len(differing), "examples": differing[:10], "max_probability_delta": largest,
+            "top1_swaps": swaps}  # fmt: skip
 
 
 def references(url: str, photos: list[bytes]) -> dict[int, Answer]:
@@ -134,17 +149,18 @@ def references(url: str, photos: list[bytes]) -> dict[int, Answer]:
     return {answer.photo: answer for answer in alone}
 
 
-def distinguishable(reference: dict[int, Answer], tolerance: float) -> int:
-    """How many photos no other photo's reference matches within ``tolerance``: only for those can
-    a check tell an answer given to the wrong request."""
-    return sum(
-        all(
-            other.top1 != answer.top1 or abs(other.probability - answer.probability) > tolerance
-            for j, other in reference.items()
-            if j != i
-        )
-        for i, answer in reference.items()
-    )
+def answer_groups(reference: dict[int, Answer], tolerance: float) -> int:
+    """Into how many groups the photos' reference answers fall, photos whose top-1 class and
+    probability lie within ``tolerance`` of each other sharing one: a check can tell an answer given
+    to the wrong request only across groups (a random model answers a photo's resized and noisier
+    variants alike)."""
+    groups = 0
+    last: tuple[int | None, float] | None = None
+    for answer in sorted(reference.values(), key=lambda a: (a.top1, a.probability)):
+        if last is None or answer.top1 != last[0] or answer.probability - last[1] > tolerance:
+            groups += 1
+        last = (answer.top1, answer.probability)
+    return groups
 
 
 def check_under_load(
@@ -180,7 +196,7 @@ def check_under_load(
         **compare(good, reference, tolerance),
         "requests": len(answers),
         "distinct_photos": len(photos),
-        "distinguishable_photos": distinguishable(reference, tolerance),
+        "answer_groups": answer_groups(reference, tolerance),
         "probability_tolerance": tolerance,
         "bad_sent": len(refused),
         "bad_inputs": [item.name for item in bad],
@@ -237,7 +253,8 @@ def run_check(args: argparse.Namespace, out: Path) -> dict:
             answers, elapsed = asyncio.run(send_all(url, photos, args.requests, args.concurrency))
         record["depths"][depth] = {**summary(answers, elapsed), **compare(answers, reference)}
         logger.info("depth %d: %s", depth, {k: v for k, v in record["depths"][depth].items() if k != "examples"})
-    record["passed"] = all(result["differing"] == 0 for result in record["depths"].values())
+        record["passed"] = all(result["differing"] == 0 for result in record["depths"].values())
+        write_results(out, "pipeline_check", record, report(record), text_suffix=".md")  # a kill keeps depth 1
     return record
 
 

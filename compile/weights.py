@@ -209,7 +209,8 @@ def scale_residual_branches(model: nn.Module) -> None:
     cores run faster than real weights: the speed would not be the trained model's. At 0.25 the
     peak activation is ~10 on photos and ~16 on noise, and fp16 logits keep a cosine of 0.9999998
     with fp32. The head's scale gives the logits a trained model's spread (std ~3 instead of ~0.3),
-    so each photo gets its own top-1 probability and a check can tell one photo's answer from another's."""
+    so different photos get different top-1 probabilities and a check can tell their answers apart
+    (not a photo's resized variants, which a random model answers alike)."""
     from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
     for module in model.modules():

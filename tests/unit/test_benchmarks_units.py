@@ -276,6 +276,18 @@ def test_engine_steps_take_the_compile_steps_artifact_or_fail_saying_why(tmp_pat
     assert compiled_artifact({"steps": {}, "compile": {"artifact": str(artifact)}}) == artifact
 
 
+def test_gpu_suite_exits_1_when_a_step_it_was_asked_for_fails(tmp_path) -> None:
+    """The GPU session judges a step by the suite's exit code: a failed step must not read as ok."""
+    from benchmarks import gpu_suite
+
+    out = tmp_path / "out"
+    argv = ["--dry-run", "--steps", "serve,answers", "--output-dir", str(out), "--work", str(tmp_path / "work")]
+    assert gpu_suite.main(argv) == 1  # no compile step ran: nothing to serve
+    record = json.loads((out / "gpu_suite.json").read_text())
+    assert record["steps"]["serve"]["status"].startswith("failed: no compiled engine")
+    assert "| answers | 0 | failed: no compiled engine" in (out / "gpu_suite.md").read_text()
+
+
 def test_gpu_suite_resumes_a_saved_record_with_numeric_concurrencies() -> None:
     """A record read back from JSON (string keys) sorts and plots by concurrency, not as text."""
     from benchmarks.gpu_suite import _int_keys

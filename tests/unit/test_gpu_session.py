@@ -177,24 +177,63 @@ def test_results_come_back_while_a_step_runs_and_a_killed_run_keeps_its_finished
         time.sleep(0.2)
     run.send_signal(signal.SIGKILL)
     run.wait()
+    gpu_session.kill_tagged(f"{run.pid}:test:second", grace_s=1)  # what the run tool would end: its step
     assert statuses(out)["first"] == "ok"
     files = unpacked(out / gpu_session.TARBALL)
     assert {"results/first.json", "results/second.json", "results/logs/test-first.log"} <= set(files)
     assert not list(out.glob(".*.tmp")) or all(p.name.startswith(".") for p in out.glob(".*"))
 
 
-def test_a_rerun_runs_only_the_steps_that_did_not_end_ok(tmp_path) -> None:
+def test_a_rerun_runs_again_only_what_time_cut_short(tmp_path) -> None:
+    """A rerun on the warm machine: what ended ok is not run again, nor what failed (a failure wants a
+    fix; repeating it would spend the rerun's minutes before the headline's steps); what was skipped
+    for time or timed out runs now."""
     ran = tmp_path / "ran"
     steps = [
         Step("compile", (SH, "-c", f"echo compile >> {ran}"), cap_s=10, min_s=0),
-        Step("serve", (SH, "-c", f"echo serve >> {ran}; exit 1"), cap_s=10, min_s=0, needs=("compile",)),
+        Step("tests", (SH, "-c", f"echo tests >> {ran}; exit 1"), cap_s=10, min_s=0),
+        Step("serve", (SH, "-c", f"echo serve >> {ran}; sleep 5"), cap_s=1, min_s=0, needs=("compile",)),
+        Step("ceiling", (SH, "-c", f"echo ceiling >> {ran}"), cap_s=10, min_s=0, needs=("tests",)),
     ]
     run_phase("test", steps, session(tmp_path))
+    assert ran.read_text().split() == ["compile", "tests", "serve"]
     previous = gpu_session.previous_outcomes(tmp_path / "results", "test")
-    assert set(previous) == {"install", "compile"} or set(previous) == {"compile"}
     outcomes = run_phase("test", steps, session(tmp_path, previous=previous))
-    assert ran.read_text().split() == ["compile", "serve", "serve"]  # compile: a cache hit not even asked
-    assert outcomes["compile"].status == "ok in the run before" and outcomes["serve"].status == "failed (exit 1)"
+    assert ran.read_text().split() == ["compile", "tests", "serve", "serve"]
+    assert outcomes["compile"].status == "ok in the run before"
+    assert outcomes["tests"].status == "failed in the run before: (exit 1)" and outcomes["tests"].missed
+    assert outcomes["serve"].status == "timed out after 1 s"
+    assert outcomes["ceiling"].status == "skipped: needs tests, which failed in the run before: (exit 1)"
+    assert gpu_session.previous_outcomes(tmp_path / "nowhere", "test") is None
+
+
+def test_a_rerun_on_a_fresh_machine_refuses_at_once(tmp_path, capsys) -> None:
+    started = time.monotonic()
+    code = gpu_session.main(["headline", "--rerun", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "o")])
+    assert code == 2 and time.monotonic() - started < 5
+    assert "fresh machine" in capsys.readouterr().out and not (tmp_path / "o").exists()
+
+
+def test_a_signal_to_the_run_stops_the_running_step_and_its_servers(tmp_path) -> None:
+    """SIGTERM mid-step (a person's Ctrl-C, or a supervisor's stop): the step and the server it started
+    in a session of its own are stopped, and what finished is delivered."""
+    pid_file = tmp_path / "server.pid"
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from benchmarks.gpu_session import Session, Step, run_phase
+        serve = Step("serve", ("{PY}", "-c", {SERVER + "import time; time.sleep(60)" + chr(10)!r}, "{pid_file}"), 90, 0)
+        run_phase("test", [serve], Session("test", 120.0, False, Path(sys.argv[1]), Path(sys.argv[2])))
+    """)
+    out = tmp_path / "out"
+    run = subprocess.Popen([PY, "-c", script, str(tmp_path / "results"), str(out)], cwd=gpu_session.REPO)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 0
+    assert not alive(int(pid_file.read_text()))
+    assert statuses(out)["(interrupted)"] == "stopped by a signal"
 
 
 def test_a_dry_run_runs_dry_forms_and_skips_gpu_only_steps(tmp_path) -> None:
