@@ -42,13 +42,17 @@ def machine_record(device: torch.device | None = None) -> dict:
     return record
 
 
+def replace_text(path: Path, text: str) -> None:
+    """``path`` replaced whole (a temporary file renamed over it): a reader never sees half of it."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def write_results(directory: Path, stem: str, record: dict, text: str, text_suffix: str = ".txt") -> None:
     """``stem.json`` and the text beside it, each replaced whole (the GPU session packs the folder
     while a benchmark writes into it)."""
     directory.mkdir(parents=True, exist_ok=True)
-    files = {f"{stem}.json": json.dumps(record, indent=2) + "\n", stem + text_suffix: text.rstrip() + "\n"}
-    for name, content in files.items():
-        temporary = directory / f".{name}.tmp"
-        temporary.write_text(content)
-        os.replace(temporary, directory / name)
+    replace_text(directory / f"{stem}.json", json.dumps(record, indent=2) + "\n")
+    replace_text(directory / f"{stem}{text_suffix}", text.rstrip() + "\n")
     print(f"wrote {directory / stem}.json and {text_suffix}")

@@ -99,7 +99,7 @@ class Session:
     results: Path
     out: Path
     site: Path = SITE
-    previous: dict[str, Outcome] = field(default_factory=dict)  # --rerun: what ended ok in the run before
+    previous: dict[str, Outcome] = field(default_factory=dict)  # --rerun: what the run before settled
     started: float = field(default_factory=time.monotonic)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     background: dict[str, tuple[subprocess.Popen, float]] = field(default_factory=dict)  # process, started
@@ -269,6 +269,14 @@ def kill_group(process: subprocess.Popen) -> None:
         process.wait()
 
 
+def stop_step(session: Session, name: str, process: subprocess.Popen) -> list[str]:
+    """Step ``name`` whole: its process group if it still runs, then whatever else carries its tag
+    (a server in a session of its own). Returns what the tag found."""
+    if process.poll() is None:
+        kill_group(process)
+    return kill_tagged(session.tag(name))
+
+
 def wait_delivering(session: Session, process: subprocess.Popen, timeout: float) -> int | None:
     """``process``'s exit code, or None after ``timeout``; the results go out every ``PACK_EVERY_S``
     meanwhile, so a kill of the whole run keeps what the step saved so far."""
@@ -329,13 +337,12 @@ def run_step(session: Session, step: Step, env: dict[str, str]) -> Outcome:
     session.running = (step.name, process)
     code = wait_delivering(session, process, timeout)
     session.running = None
+    if leftovers := stop_step(session, step.name, process):
+        log(f"{step.name}: stopped {len(leftovers)} processes it left running: {'; '.join(leftovers)}")
     if code is None:
-        kill_group(process)
         outcome = Outcome(f"timed out after {timeout:.0f} s", time.monotonic() - started)
     else:
         outcome = Outcome("ok" if code == 0 else f"failed (exit {code})", time.monotonic() - started)
-    if leftovers := kill_tagged(session.tag(step.name)):
-        log(f"{step.name}: stopped {len(leftovers)} processes it left running: {'; '.join(leftovers)}")
     print(tail(log_path), flush=True)
     return outcome
 
@@ -349,12 +356,11 @@ def wait_for(session: Session, name: str, timeout: float) -> Outcome:
     waited = time.monotonic()
     code = wait_delivering(session, process, timeout)
     seconds = time.monotonic() - started
+    stop_step(session, name, process)
     if code is None:
-        kill_group(process)
         session.outcomes[name] = Outcome(f"timed out after {seconds:.0f} s", seconds)
     else:
         session.outcomes[name] = Outcome("ok" if code == 0 else f"failed (exit {code})", seconds)
-    kill_tagged(session.tag(name))
     print(tail(session.results / "logs" / f"{session.phase}-{name}.log"), flush=True)
     verdict = "ok" if session.outcomes[name].ok else f"failed: {name} {session.outcomes[name].status}"
     return Outcome(verdict, time.monotonic() - waited)
@@ -364,15 +370,12 @@ def stop_unfinished(session: Session) -> None:
     """What a phase leaves when it is interrupted (the step running in the foreground) or never
     waited for (a background step): stopped with the phase, its processes with it."""
     if session.running is not None:
-        name, process = session.running
-        kill_group(process)
-        kill_tagged(session.tag(name))
+        stop_step(session, *session.running)
         session.running = None
     for name, (process, started) in list(session.background.items()):
         if process.poll() is None:
-            kill_group(process)
             session.outcomes[name] = Outcome("stopped: the phase ended before it", time.monotonic() - started)
-        kill_tagged(session.tag(name))
+        stop_step(session, name, process)
     session.background.clear()
 
 

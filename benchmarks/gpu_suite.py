@@ -15,8 +15,8 @@ each step's wall time and status are recorded, a failed step is recorded with th
 - ``serve``: vision-serve with the compiled engine and ``--preprocess`` (torch: nvJPEG), closed-loop
   sweep at 1, 64 and 256 connections, then Poisson arrivals at 70 % of the best throughput;
 - ``answers``: on the same server, each photo's answer under load (64 connections, a bad JPEG every
-  16 requests) against its answer alone: same top-1, top-1 probability within a tolerance, and a
-  4xx for every bad JPEG;
+  16 requests) against its answer alone: the probability of the photo's class within a tolerance,
+  and a 4xx for every bad JPEG;
 - ``images``: on the same server, 32 images per request (Open Inference Protocol, binary tensors);
 - ``baseline``: eager fp32 with Pillow preprocessing, the same sweep and Poisson;
 - ``client``: the load generator's own ceiling against a no-op server, at the sweep's concurrencies;
@@ -43,7 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,7 +52,7 @@ import torch
 from benchmarks import plots
 from benchmarks.bad_inputs import bad_inputs
 from benchmarks.ceiling import load_served, measure_ceiling
-from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.common import machine_record, replace_text, results_dir, write_results
 from benchmarks.loadgen import LoadClients, LoadSpec, oip_images, run_load
 from benchmarks.noop_server import noop_server
 from benchmarks.pipeline_check import check_photos, check_under_load
@@ -102,7 +102,7 @@ class Plan:
     ceiling_repeats: int
     answers_requests: int
     answers_concurrency: int
-    answers_tolerance: float  # on the top-1 probability: batch size changes the kernels a little
+    answers_tolerance: float  # on the probability of the photo's class: batch size changes the kernels a little
     preprocess_args: tuple[str, ...]
 
     @property
@@ -145,9 +145,7 @@ def _step(record: dict, name: str, fn: Callable[[], object], out: Path) -> objec
 
 def save_record(record: dict, out: Path) -> None:
     """The partial record, replaced whole: benchmarks/gpu_session.py packs the folder while steps run."""
-    temporary = out / f".{PARTIAL_RECORD}.tmp"
-    temporary.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    os.replace(temporary, out / PARTIAL_RECORD)
+    replace_text(out / PARTIAL_RECORD, json.dumps(record, indent=1, default=str) + "\n")
 
 
 def closed_spec(concurrency: int, seconds: float) -> LoadSpec:
@@ -351,11 +349,10 @@ def main(argv: list[str] | None = None) -> int:
                 suite.run(args.steps, clients)
     finally:
         finish(record, out)
-    missed = [step for step in args.steps if record["steps"].get(step, {}).get("status") != "ok"]
+    statuses = {step: record["steps"].get(step, {}).get("status", "not run") for step in args.steps}
+    missed = {step: status for step, status in statuses.items() if status != "ok"}
     if missed:
-        logger.error(
-            "not ok: %s", ", ".join(f"{step} ({record['steps'].get(step, {}).get('status')})" for step in missed)
-        )
+        logger.error("not ok: %s", "; ".join(f"{step}: {status}" for step, status in missed.items()))
     return 1 if missed else 0
 
 
@@ -390,7 +387,7 @@ class Suite:
         if served:
             self.engine_steps(served, clients)
         if "baseline" in steps:
-            self.step("baseline", lambda: self.serve(BASELINE, clients, self.url_of(BASELINE)))
+            self.step("baseline", functools.partial(self.baseline, clients))
         if "client" in steps:
             self.step("client", functools.partial(self.client, clients))
         if "ceiling" in steps:
@@ -415,11 +412,6 @@ class Suite:
     def use_engine(self) -> None:
         self.inputs.artifacts[artifact_key(self.plan.backend, self.plan.precision)] = compiled_artifact(self.record)
 
-    @contextlib.contextmanager
-    def url_of(self, label: str) -> Iterator[str]:
-        with vision_serve(self.configs[label], self.inputs) as url:
-            yield url
-
     def engine_steps(self, steps: list[str], clients: LoadClients) -> None:
         """serve, answers and images on one server of the compiled engine: one start, not three."""
         try:
@@ -428,21 +420,25 @@ class Suite:
             for name in steps:
                 self.step(name, functools.partial(_raise, exc))
             return
-        with self.url_of(COMPILED) as url:
+        with vision_serve(self.configs[COMPILED], self.inputs) as url:
             if "serve" in steps:
-                self.step("serve", lambda: self.serve(COMPILED, clients, contextlib.nullcontext(url)))
+                self.step("serve", functools.partial(self.serve, COMPILED, url, clients))
             if "answers" in steps:
                 self.step("answers", functools.partial(self.answers, url))
             if "images" in steps:
                 self.step("images", functools.partial(self.images_per_request, url, clients))
 
-    def serve(self, label: str, clients: LoadClients, server: contextlib.AbstractContextManager[str]) -> None:
-        with server as url:
-            runs = self.record["sweeps"].setdefault(self.labels[label], {})
-            sweep(url, self.images, self.plan, clients, self.plan.concurrencies, runs, self.save)
-            peak = max(r["throughput_rps"] for r in runs.values())
-            name, run = poisson(url, self.images, self.plan, clients, peak)
-            self.record["poisson"][self.labels[label]] = {name: run}
+    def serve(self, label: str, url: str, clients: LoadClients) -> None:
+        """The sweep, then Poisson arrivals at a share of its peak, of the server at ``url``."""
+        runs = self.record["sweeps"].setdefault(self.labels[label], {})
+        sweep(url, self.images, self.plan, clients, self.plan.concurrencies, runs, self.save)
+        peak = max(r["throughput_rps"] for r in runs.values())
+        name, run = poisson(url, self.images, self.plan, clients, peak)
+        self.record["poisson"][self.labels[label]] = {name: run}
+
+    def baseline(self, clients: LoadClients) -> None:
+        with vision_serve(self.configs[BASELINE], self.inputs) as url:
+            self.serve(BASELINE, url, clients)
 
     def answers(self, url: str) -> None:
         bad = [item for item in bad_inputs() if item.name in ANSWERS_BAD_INPUTS]
@@ -467,10 +463,8 @@ class Suite:
 
     def client(self, clients: LoadClients) -> None:
         with noop_server(NOOP_SERVER_WORKERS) as url:
-            self.record["client_ceiling"] = {}
-            sweep(
-                url, self.images, self.plan, clients, self.plan.concurrencies, self.record["client_ceiling"], self.save
-            )
+            runs = self.record["client_ceiling"] = {}
+            sweep(url, self.images, self.plan, clients, self.plan.concurrencies, runs, self.save)
 
     def ceiling(self) -> None:
         artifact = compiled_artifact(self.record)

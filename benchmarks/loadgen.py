@@ -160,7 +160,7 @@ def raw_image(image: bytes) -> tuple[bytes, dict[str, str]]:
     return image, {"Content-Type": content_type(image)}
 
 
-def oip_images(image: bytes, count: int, output: str = "LABELS") -> tuple[bytes, dict[str, str]]:
+def oip_images(image: bytes, count: int) -> tuple[bytes, dict[str, str]]:
     """An Open Inference Protocol request of ``count`` copies of ``image``, in the binary tensor
     extension as tritonclient sends it: JSON header, then the BYTES elements. For
     ``/v2/models/NAME/infer``; ``functools.partial(oip_images, count=32)`` is an ``Encoder``."""
@@ -172,7 +172,7 @@ def oip_images(image: bytes, count: int, output: str = "LABELS") -> tuple[bytes,
             "inputs": [
                 {"name": "IMAGE", "shape": [count], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
             ],
-            "outputs": [{"name": output, "parameters": {"binary_data": True}}],
+            "outputs": [{"name": "LABELS", "parameters": {"binary_data": True}}],
         }
     ).encode()
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}

@@ -281,10 +281,10 @@ def test_gpu_suite_exits_1_when_a_step_it_was_asked_for_fails(tmp_path) -> None:
     from benchmarks import gpu_suite
 
     out = tmp_path / "out"
-    argv = ["--dry-run", "--steps", "serve,answers", "--output-dir", str(out), "--work", str(tmp_path / "work")]
+    argv = ["--dry-run", "--steps", "answers,ceiling", "--output-dir", str(out), "--work", str(tmp_path / "work")]
     assert gpu_suite.main(argv) == 1  # no compile step ran: nothing to serve
     record = json.loads((out / "gpu_suite.json").read_text())
-    assert record["steps"]["serve"]["status"].startswith("failed: no compiled engine")
+    assert record["steps"]["ceiling"]["status"].startswith("failed: no compiled engine")
     assert "| answers | 0 | failed: no compiled engine" in (out / "gpu_suite.md").read_text()
 
 

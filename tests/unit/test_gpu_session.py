@@ -51,13 +51,13 @@ def alive(pid: int) -> bool:
 
 def test_a_step_past_its_cap_is_killed_with_its_children_and_the_phase_goes_on(tmp_path) -> None:
     marker = tmp_path / "child-survived"
-    slow = Step("slow", (SH, "-c", f"(sleep 3; touch {marker}) & sleep 30"), cap_s=1, min_s=0)
+    slow = Step("slow", (SH, "-c", f"(sleep 1.5; touch {marker}) & sleep 30"), cap_s=1, min_s=0)
     fast = Step("fast", (SH, "-c", "echo measured"), cap_s=10, min_s=0)
     started = time.monotonic()
     outcomes = run_phase("test", [slow, fast], session(tmp_path))
     assert time.monotonic() - started < 15
     assert outcomes["slow"].status == "timed out after 1 s" and outcomes["fast"].status == "ok"
-    time.sleep(3.5)
+    time.sleep(max(0.0, started + 2.0 - time.monotonic()))  # past the child's 1.5 s, had it lived
     assert not marker.exists(), "the step's whole process group must die with it"
 
 
@@ -74,8 +74,8 @@ SERVER = textwrap.dedent("""
 def test_a_server_a_step_started_in_a_session_of_its_own_dies_with_the_step(tmp_path, ending: str) -> None:
     pid_file = tmp_path / "server.pid"
     command = (PY, "-c", SERVER + ("" if ending == "exits" else "import time; time.sleep(60)\n"), str(pid_file))
-    outcomes = run_phase("test", [Step("serve", command, cap_s=3, min_s=0)], session(tmp_path))
-    assert outcomes["serve"].status == ("ok" if ending == "exits" else "timed out after 3 s")
+    outcomes = run_phase("test", [Step("serve", command, cap_s=2, min_s=0)], session(tmp_path))
+    assert outcomes["serve"].status == ("ok" if ending == "exits" else "timed out after 2 s")
     server = int(pid_file.read_text())
     deadline = time.monotonic() + 5
     while alive(server) and time.monotonic() < deadline:
