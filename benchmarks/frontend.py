@@ -41,7 +41,7 @@ import httpx
 from benchmarks import plots
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
-from service.launcher import free_port
+from service.client.launcher import free_port
 
 logger = logging.getLogger(__name__)
 

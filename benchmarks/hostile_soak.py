@@ -34,7 +34,7 @@ from benchmarks.bad_inputs import bad_inputs
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.soak import rss_mb, server_processes
 from compile.sample_photos import sample_photo_file
-from service.launcher import ServerProcess, free_port
+from service.client.launcher import ServerProcess, free_port
 
 logger = logging.getLogger(__name__)
 

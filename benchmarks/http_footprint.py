@@ -29,7 +29,7 @@ import httpx
 import psutil
 
 from benchmarks.common import machine_record, results_dir, write_results
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

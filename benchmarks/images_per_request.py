@@ -42,7 +42,7 @@ from benchmarks.frontend import (
 )
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
 from benchmarks.loadgen import oip_images
-from service.launcher import free_port
+from service.client.launcher import free_port
 
 logger = logging.getLogger(__name__)
 

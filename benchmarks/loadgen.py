@@ -164,7 +164,7 @@ def oip_images(image: bytes, count: int) -> tuple[bytes, dict[str, str]]:
     """An Open Inference Protocol request of ``count`` copies of ``image``, in the binary tensor
     extension as tritonclient sends it: JSON header, then the BYTES elements. For
     ``/v2/models/NAME/infer``; ``functools.partial(oip_images, count=32)`` is an ``Encoder``."""
-    from service.oip.tensors import serialize_bytes  # only the client processes of OIP runs need it
+    from service.http.oip.tensors import serialize_bytes  # only the client processes of OIP runs need it
 
     data = serialize_bytes([image] * count)
     header = json.dumps(

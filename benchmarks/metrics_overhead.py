@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import machine_record, results_dir, write_results
-from service.frontend.observer import HttpObserver
+from service.http.base.observer import HttpObserver
 from service.logs import configure_logging
 from service.metrics import exposition, metrics, multiprocess_mode
 

@@ -178,7 +178,7 @@ def check_first_answer(target: VisionServeTarget, image: bytes, expected_version
 
 
 def run(args: argparse.Namespace) -> dict:
-    from service.launcher import ServerProcess
+    from service.client.launcher import ServerProcess
 
     plan = swap_load.QUICK_PLAN if args.quick else swap_load.SwapPlan()
     out_dir = results_dir(args.output_dir)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from service.launcher import free_port, parent_death_hook
+from service.client.launcher import free_port, parent_death_hook
 
 STARTUP_TIMEOUT_S = 30.0
 ANSWER = json.dumps(

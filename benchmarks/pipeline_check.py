@@ -42,7 +42,7 @@ from benchmarks.bad_inputs import BadInput
 from benchmarks.common import results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, PHOTOS, photo_jpegs
 from benchmarks.suite import markdown_table
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from benchmarks.bad_inputs import bad_inputs
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.loadgen import percentile
 from compile.sample_photos import CAT_LABELS, sample_photo
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

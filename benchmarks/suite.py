@@ -24,7 +24,7 @@ from compile.backends import BackendUnavailable, get_backend
 from compile.catalog import get_model_entry
 from compile.cli import EXIT_GATE_FAILED
 from compile.weights import load_model
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.loadgen import LoadSpec, format_summary, run_load
-from service.launcher import free_port
+from service.client.launcher import free_port
 
 logger = logging.getLogger(__name__)
 

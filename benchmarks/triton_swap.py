@@ -86,7 +86,7 @@ import httpx
 
 from benchmarks import swap_load
 from benchmarks.common import machine_record, results_dir
-from service.launcher import free_port
+from service.client.launcher import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import psutil
 from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.images import IMAGENET_SIZE, photo_jpegs
 from benchmarks.loadgen import CLOSED, LoadResult, LoadSpec, run_load
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Defaults of the server and client, in one place. Each server default is also a flag and a
-``VISION_SERVE_*`` environment variable (see service/settings.py)."""
+"""Defaults of the server, in one place. Each is also a flag and a ``VISION_SERVE_*`` environment
+variable (see service/settings.py). The client has its own (service/client/_defaults.py)."""
 
 from compile._defaults import DEFAULT_MODEL, DEFAULT_WEIGHTS
 from preprocessing._defaults import MAX_IMAGE_PIXELS as _PREPROCESS_MAX_IMAGE_PIXELS
@@ -56,7 +56,7 @@ MAX_QUEUE = 256
 # 504, and work still queued for it is dropped instead of run. Always on: it is also what answers a
 # request lost with a crashed worker.
 REQUEST_TIMEOUT_S = 30.0
-# Each HTTP connection (service/frontend/connection_guard.py): a request's headers must arrive within
+# Each HTTP connection (service/uvicorn_bridge.py): a request's headers must arrive within
 # HEADER_TIMEOUT_S of the connection's opening (or of the request's first byte) and be at most
 # MAX_HEADER_BYTES; its body within BODY_TIMEOUT_S of the headers (a 32 MB upload at 1 MB/s takes 32 s).
 # An idle kept-alive connection is closed after KEEP_ALIVE_TIMEOUT_S (uvicorn's timer).
@@ -86,7 +86,3 @@ ADMIN_API_KEY = ""
 # Longest a load may take, from the call to a new version's workers all warm; then it fails and the
 # old version keeps serving.
 LOAD_TIMEOUT_S = 300.0
-
-CLIENT_URL = "http://127.0.0.1:8000"
-CLIENT_TIMEOUT_S = 60.0
-CLIENT_CONCURRENCY = 8

@@ -22,8 +22,8 @@ from pathlib import Path
 from compile.catalog import get_model_entry
 from compile.sample_photos import sample_photo_files
 from compile.weights import torchvision_cache_file
-from service.classify_cli import classify_all, print_outcomes
-from service.launcher import ServerProcess, ServerStartError
+from service.client.cli import classify_all, print_outcomes
+from service.client.launcher import ServerProcess, ServerStartError
 
 logger = logging.getLogger(__name__)
 

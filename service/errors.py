@@ -2,8 +2,8 @@
 
 Parsing, the header checks, the dispatcher, the API-key check and the Open Inference Protocol's call
 raise ``ServiceError``; each protocol turns it into its own form in one place: ``/predict``'s JSON
-``{"detail": ...}`` (service/rest/render.py), OIP's ``{"error": ...}`` (service/oip/rest.py) and a
-gRPC status (service/oip/grpc_service.py). One image's outcome among others travels as an ``Answer``
+``{"detail": ...}`` (service/http/predict/render.py), OIP's ``{"error": ...}`` (service/http/oip/routes.py) and a
+gRPC status (service/http/grpc/service.py). One image's outcome among others travels as an ``Answer``
 (service/wire.py), which carries the same three things.
 """
 

@@ -21,7 +21,7 @@ __all__ = ["LOG_FORMATS", "adopt_library_loggers", "adopt_torch_logger", "config
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
-# The request being handled in this task; set by the HTTP middleware (service/frontend/observer.py).
+# The request being handled in this task; set by the HTTP middleware (service/http/base/observer.py).
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("vision_serve_request_id", default=None)
 # Loggers that bring their own handlers; we want their records in our format instead.
 _LIBRARY_LOGGERS = ("litserve", "uvicorn", "uvicorn.error", "uvicorn.access")

@@ -6,7 +6,7 @@ HTTP process -> worker: a ``RequestBatch`` (the images one HTTP process queued f
 turn of its event loop); the worker takes them one by one as ``QueuedRequest``. Worker -> HTTP
 process: an ``AnswerBatch`` (a batch's answers for that process). One message, and one typed object,
 per batch rather than per image: pickling an object per image is what would cost. The HTTP process
-renders each ``Answer`` in its protocol's form (service/rest/render.py, service/oip/).
+renders each ``Answer`` in its protocol's form (service/http/predict/render.py, service/oip/).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ImageRequest:
     # subtract it from its own clock): the deadline counts from it, and Server-Timing's queue stage.
     # None: made by the worker itself (warm-up).
     queued_at: float | None = None
-    request_id: str | None = None  # for the worker's logs (service/frontend/observer.py)
+    request_id: str | None = None  # for the worker's logs (service/http/base/observer.py)
 
 
 @dataclass(frozen=True)

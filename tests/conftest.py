@@ -76,7 +76,7 @@ def command_line(process: psutil.Process) -> str:
 
 
 def inference_workers(server_process) -> list[psutil.Process]:
-    """The spawned inference worker processes of a running ``service.launcher.ServerProcess``."""
+    """The spawned inference worker processes of a running ``service.client.launcher.ServerProcess``."""
     children = psutil.Process(server_process.process.pid).children(recursive=True)
     return [p for p in children if "spawn_main" in command_line(p)]
 

@@ -22,7 +22,7 @@ from compile import _defaults as compile_defaults
 from compile.cli import EXIT_GATE_FAILED, EXIT_UNAVAILABLE
 from compile.cli_flags import flag
 from compile.model_request import ModelRequest
-from service.launcher import parent_death_hook
+from service.client.launcher import parent_death_hook
 
 logger = logging.getLogger(__name__)
 

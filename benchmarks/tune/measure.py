@@ -33,7 +33,7 @@ from benchmarks.tune.ladder import (
     sustained,
 )
 from benchmarks.tune.space import Candidate
-from service.launcher import ServerProcess, ServerStartError
+from service.client.launcher import ServerProcess, ServerStartError
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,9 @@ from multiprocessing.process import BaseProcess
 from fastapi import FastAPI
 
 from compile.versions import PROJECT_DISTRIBUTION, package_version
-from service.frontend.connection_guard import ConnectionLimits, guarded_http_protocol
-from service.frontend.process import HttpFrontEnd
-from service.frontend.routes import register_routes
 from service.heap import freeze_startup_objects
+from service.http.process import HttpFrontEnd
+from service.http.routes import register_routes
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed
 from service.logs import adopt_library_loggers
 from service.metrics import mark_process_dead, metrics, multiprocess_mode
@@ -37,6 +36,7 @@ from service.settings import ServeSettings, resolve_api_servers
 from service.supervisor.models import ModelPool, WorkerHooks
 from service.supervisor.plan import ServePlan, VersionPlan
 from service.transport.channels import ChannelConfig
+from service.uvicorn_bridge import ConnectionLimits, guarded_http_protocol
 from service.worker.entry import CLASSIFIER, WorkerEntry
 from service.worker.loop import BatchPolicy, GreedyBatchedLoop
 
@@ -61,8 +61,8 @@ def device_names(devices: list) -> list[str]:
 class VisionLitServer(LitServerBridge):
     """LitServer with vision-serve's request path, probes, auth, model pool and worker recovery.
 
-    Made and run in the main process. The routes (service/frontend/routes.py) and the per-process
-    front end (service/frontend/process.py) are set up here before the HTTP processes fork; requests
+    Made and run in the main process. The routes (service/http/routes.py) and the per-process
+    front end (service/http/process.py) are set up here before the HTTP processes fork; requests
     and answers travel over service/transport/channels.py, not LitServe's manager queues. The
     inference workers are the model pool's (service/supervisor/models.py): the first versions' at
     launch, others at repository load calls, a dead one restarted. Stopping, also from a signal
@@ -348,7 +348,7 @@ def _run(server: VisionLitServer) -> int:
             log_level=settings.log_level,
             generate_client_file=False,  # LitServe would otherwise write client.py into the cwd
             # uvicorn: no handlers of its own (its records reach ours, service/logs.py), and no access
-            # log (ours has the request id, service/frontend/observer.py).
+            # log (ours has the request id, service/http/base/observer.py).
             log_config=None,
             access_log=False,
             http=guarded_http_protocol(

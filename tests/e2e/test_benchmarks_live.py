@@ -21,7 +21,7 @@ from benchmarks.loadgen import CONSTANT, LoadClients, LoadSpec, oip_images, run_
 from benchmarks.pipeline_check import answer_groups, check_photos, check_under_load, compare, references
 from compile.model_request import ModelRequest
 from compile.sample_photos import CAT_LABELS
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 from service.worker.engine import load_eager
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]

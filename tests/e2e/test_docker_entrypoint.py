@@ -19,8 +19,8 @@ import httpx
 import psutil
 import pytest
 
-from service.client import VisionClient
-from service.launcher import ServerProcess, free_port
+from service.client.launcher import ServerProcess, free_port
+from service.client.vision_client import VisionClient
 from tests.conftest import CAT_LABELS, command_line
 from tests.unit.test_deploy_files import (
     ENTRYPOINT,

@@ -15,9 +15,9 @@ import httpx
 import psutil
 import pytest
 
-from service.classify_cli import main as classify_main
-from service.client import ClassifyError, VisionClient
-from service.launcher import ServerProcess, free_port
+from service.client.cli import main as classify_main
+from service.client.launcher import ServerProcess, free_port
+from service.client.vision_client import ClassifyError, VisionClient
 from tests.conftest import CAT_LABELS, encode, sample_array
 from tests.worker_hold import in_flight as admitted
 from tests.worker_hold import wait_until
@@ -84,7 +84,7 @@ class Blocked:
         if name.partition(".")[0] in SERVER_SIDE:
             raise ImportError(f"{name} is not installed in a client-only environment")
 sys.meta_path.insert(0, Blocked())
-from service.classify_cli import main
+from service.client.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

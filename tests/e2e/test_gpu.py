@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compile.catalog import get_model_entry
 from preprocessing.pil_backend import PilPreprocessor
-from service.client import VisionClient
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
+from service.client.vision_client import VisionClient
 from tests.conftest import CAT_LABELS
 from tests.e2e.test_preprocess_serving import check_batch_of_8_with_2_corrupt
 from tests.e2e.test_reliability import check_a_broken_device_restarts_the_worker

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from benchmarks.bad_inputs import bad_inputs
 from benchmarks.hostile_soak import predict_head, raw_exchange
-from service.launcher import ServerProcess, free_port
+from service.client.launcher import ServerProcess, free_port
 from tests.conftest import CAT_LABELS
 
 TIMEOUT_S = 1.0

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 from service.metrics import METRIC_NAMES, MULTIPROC_ENV
 from tests.conftest import CAT_LABELS, inference_workers
 from tests.tools import require_tool

@@ -25,7 +25,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from service.launcher import ServerProcess, free_port
+from service.client.launcher import ServerProcess, free_port
 from tests.conftest import inference_workers
 from tests.finetuned import LABELS, make_finetuned
 

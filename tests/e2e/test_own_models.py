@@ -21,7 +21,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from compile.model_files import read_model_file
-from service.launcher import ServerProcess, free_port
+from service.client.launcher import ServerProcess, free_port
 from tests.finetuned import LABELS, FineTuned, make_finetuned
 
 SERVED_NAME = "pets"

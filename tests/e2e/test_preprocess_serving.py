@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from compile.catalog import get_model_entry
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
 from tests.unit.test_preprocessing_backends import corrupt_huffman_table
 from tests.worker_hold import in_flight, wait_until, worker_held

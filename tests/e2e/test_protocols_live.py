@@ -20,8 +20,8 @@ import tritonclient.http.aio as triton_http_aio
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from service.classify_cli import main as classify_main
-from service.launcher import ServerProcess, free_port
+from service.client.cli import main as classify_main
+from service.client.launcher import ServerProcess, free_port
 from tests.conftest import CAT_LABELS
 
 MODEL = "efficientnet-lite0"

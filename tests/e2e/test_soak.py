@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.soak import DEFAULT_MAX_RSS_GROWTH_PCT, Outcome, ProcessMemory, SoakReport, format_report, run_soak
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "8", "--log-level", "warning"]
 

@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from service.client import VisionClient
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
+from service.client.vision_client import VisionClient
 from service.settings import read_config_file
 from tests.conftest import command_line
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
 from tests.conftest import CAT_LABELS
 
 API_KEY = "page-test-key"

@@ -23,8 +23,8 @@ from compile.manifest import Manifest, read_manifest, sha256_file
 from compile.settings import CompileSettings
 from preprocessing.pil_backend import PilPreprocessor
 from preprocessing.spec import PreprocessSpec
-from service.client import VisionClient
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
+from service.client.vision_client import VisionClient
 from service.worker.engine import load_artifact
 from tests.conftest import CAT_LABELS
 

@@ -23,8 +23,8 @@ from compile.sample_photos import sample_photo_files
 from compile.settings import CompileSettings
 from compile.triton_repository import RepositoryModels, parse_model_config
 from preprocessing.spec import PreprocessSpec
-from service.client import VisionClient
-from service.launcher import ServerProcess
+from service.client.launcher import ServerProcess
+from service.client.vision_client import VisionClient
 from service.worker.engine import load_artifact
 from tests.conftest import CAT_LABELS, encode, sample_array
 

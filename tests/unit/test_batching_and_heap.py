@@ -202,7 +202,7 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
     assert [(uid, a.status_code, a.retry_after_s) for uid, a in answered] == [("uid-0", 503, 1), ("uid-1", 503, 1)]
     assert answered[0][1].detail == batching.DEVICE_FAILED
     # The batch after it may have been prepared (depth 2) but never ran: its requests are answered
-    # 503 by the HTTP process when it sees the worker restart (service/frontend/worker_watch.py).
+    # 503 by the HTTP process when it sees the worker restart (service/http/base/worker_watch.py).
     assert model.ran == 1
     assert any(r.levelname == "CRITICAL" and "no longer runs work" in r.getMessage() for r in caplog.records)
 

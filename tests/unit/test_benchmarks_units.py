@@ -34,7 +34,7 @@ from benchmarks.loadgen import (
     run_load,
 )
 from benchmarks.suite import markdown_table
-from service.launcher import free_port
+from service.client.launcher import free_port
 
 
 def test_parse_server_timing_reads_durations_and_skips_the_rest() -> None:
@@ -372,8 +372,8 @@ def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
     from starlette.requests import Request as StarletteRequest
 
     from benchmarks.images_per_request import multipart_request, oip_request, render, to_row
-    from service.oip.rest import parse_infer_body
-    from service.rest.parsing import RequestLimits, read_predict_request
+    from service.http.oip.routes import parse_infer_body
+    from service.http.predict.parsing import RequestLimits, read_predict_request
 
     oip = oip_request(b"\xff\xd8jpeg", 3, model="m")
     call = parse_infer_body(oip.body, oip.headers["Inference-Header-Content-Length"], 64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from service.client import ClassifyError, _parse
+from service.client.vision_client import ClassifyError, _parse
 
 REQUEST = httpx.Request("POST", "http://127.0.0.1:8000/predict")
 

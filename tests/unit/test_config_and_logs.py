@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from service.cli import build_parser, main, resolve_from_args
-from service.frontend.observer import HttpObserver, request_id_from
+from service.http.base.observer import HttpObserver, request_id_from
 from service.logs import REQUEST_ID, configure_logging
 from service.metrics import metrics
 from service.settings import CONFIG_ENV, ServeSettings, read_config_file, render_config, resolve_settings

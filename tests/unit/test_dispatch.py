@@ -1,4 +1,4 @@
-"""The dispatcher (service/frontend/dispatch.py) with real channels and real workers' sockets, one
+"""The dispatcher (service/http/base/dispatch.py) with real channels and real workers' sockets, one
 process: what it owes every request whatever happens to its client, and how it spreads images."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from service.frontend.admission import AdmissionGate
-from service.frontend.dispatch import ImageDispatcher
-from service.frontend.worker_watch import WorkerWatch
+from service.http.base.admission import AdmissionGate
+from service.http.base.dispatch import ImageDispatcher
+from service.http.base.worker_watch import WorkerWatch
 from service.litserve_bridge import READY
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
 from service.wire import Answer

@@ -36,7 +36,7 @@ from preprocessing.probe import probe_image
 from preprocessing.registry import backend_problem
 from service import _defaults as service_defaults
 from service.errors import ServiceError
-from service.rest.parsing import decode_base64_image, predict_top_k
+from service.http.predict.parsing import decode_base64_image, predict_top_k
 from tests.conftest import encode, sample_array
 
 SPEC = get_model_entry("efficientnet-lite0").preprocess

@@ -308,11 +308,11 @@ def test_probes_use_the_servers_endpoints_on_the_service_port():
 
 
 def server_routes() -> set[str]:
-    """The paths the HTTP processes answer, as service/frontend/routes.py registers them on an app."""
+    """The paths the HTTP processes answer, as service/http/routes.py registers them on an app."""
     from fastapi import FastAPI
 
-    from service.frontend.process import HttpFrontEnd
-    from service.frontend.routes import register_routes
+    from service.http.process import HttpFrontEnd
+    from service.http.routes import register_routes
     from service.model_info import ModelInfo
     from service.settings import ServeSettings
     from service.transport.channels import ChannelConfig

@@ -365,8 +365,8 @@ def test_probes_use_the_v2_health_endpoints_on_the_http_port():
 def test_server_has_the_routes_kserve_and_the_probes_call():
     from fastapi import FastAPI
 
-    from service.oip.paths import is_infer_path
-    from service.oip.rest import add_oip_routes
+    from service.http.base.infer_paths import is_infer_path
+    from service.http.oip.routes import add_oip_routes
 
     app = FastAPI()
     add_oip_routes(app, None, server_version="0", ready=lambda: True, model_ready=bool, table=dict)

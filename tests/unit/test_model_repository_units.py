@@ -183,7 +183,7 @@ class RecordingChannel:
 
 
 def test_the_watch_follows_each_table_retires_drops_and_acknowledges(tmp_path) -> None:
-    from service.frontend.worker_watch import WorkerWatch
+    from service.http.base.worker_watch import WorkerWatch
     from service.litserve_bridge import READY, STARTING
 
     states = {0: READY, 1: STARTING}

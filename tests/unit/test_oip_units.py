@@ -16,10 +16,10 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2
 
 from service.errors import ServiceError
-from service.frontend.observer import client_request_id
-from service.oip.grpc_service import parse_grpc_request
-from service.oip.rest import decompress, encode_infer_response, model_in_path, parse_infer_body
-from service.oip.tensors import (
+from service.http.base.observer import client_request_id
+from service.http.grpc.service import parse_grpc_request
+from service.http.oip.routes import decompress, encode_infer_response, model_in_path, parse_infer_body
+from service.http.oip.tensors import (
     CLASS_INDICES,
     LABELS,
     PROBABILITIES,

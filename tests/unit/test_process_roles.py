@@ -41,11 +41,11 @@ SERVER_STACK = [*TORCH, "numpy", "PIL", "litserve", "fastapi", "starlette", "zmq
 MAIN_AND_HTTP_PROCESS_MODULES = [
     "service.cli",
     "service.supervisor.server",
-    "service.frontend.process",
-    "service.frontend.routes",
-    "service.rest.predict",
-    "service.oip.rest",
-    "service.oip.grpc_service",
+    "service.http.process",
+    "service.http.routes",
+    "service.http.predict.routes",
+    "service.http.oip.routes",
+    "service.http.grpc.service",
     "service.transport.channels",
     "service.worker.entry",  # what LitServe unpickles in the main process and starts in each worker
 ]
@@ -64,7 +64,7 @@ def test_main_and_http_process_modules_import_without_torch() -> None:
 
 
 def test_the_client_and_vision_classify_import_with_httpx_alone() -> None:
-    run = import_with_blocked(SERVER_STACK, ["service.client", "service.classify_cli"])
+    run = import_with_blocked(SERVER_STACK, ["service.client.vision_client", "service.client.cli"])
     assert run.returncode == 0, run.stderr[-3000:]
 
 

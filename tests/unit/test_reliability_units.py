@@ -17,11 +17,11 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from service.errors import ServiceError
-from service.frontend.admission import AdmissionGate
-from service.frontend.auth import ApiKeyAuth
-from service.frontend.worker_watch import WorkerWatch
+from service.http.base.admission import AdmissionGate
+from service.http.base.auth import ApiKeyAuth
+from service.http.base.worker_watch import WorkerWatch
+from service.http.predict.render import handle_service_error
 from service.litserve_bridge import ERROR, READY, STARTING
-from service.rest.render import handle_service_error
 from service.settings import ServeSettings
 from service.supervisor.models import ModelPool, ServedVersion, Worker, WorkerHooks
 from service.transport.channels import ApiChannel, ChannelConfig
@@ -54,7 +54,7 @@ def test_admission_gate_is_shared_by_forked_http_processes() -> None:
 @pytest.fixture(scope="module")
 def locked_app() -> TestClient:
     app = FastAPI()
-    app.add_exception_handler(ServiceError, handle_service_error)  # as service/frontend/routes.py does
+    app.add_exception_handler(ServiceError, handle_service_error)  # as service/http/routes.py does
 
     @app.get("/secret", dependencies=[Depends(ApiKeyAuth("k3y-with-some-length"))])
     async def secret() -> dict:

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from service import _defaults
 from service.cli import build_parser, main, settings_from_args
 from service.errors import ServiceError
-from service.frontend.http_common import RequestLimits
-from service.rest.parsing import decode_base64_image, predict_top_k, read_predict_request
-from service.rest.render import handle_service_error
+from service.http.base.limits import RequestLimits
+from service.http.predict.parsing import decode_base64_image, predict_top_k, read_predict_request
+from service.http.predict.render import handle_service_error
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
 from service.supervisor.plan import resolve_device
 from service.worker.engine import bind_worker_device

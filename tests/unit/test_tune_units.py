@@ -337,7 +337,7 @@ def test_the_csv_has_a_row_per_load_run_and_the_plot_is_drawn(tmp_path):
 CHILD_STARTER = textwrap.dedent(
     """
     import subprocess, sys, time
-    from service.launcher import parent_death_hook
+    from service.client.launcher import parent_death_hook
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                              preexec_fn=parent_death_hook(True), start_new_session=True)
     print(child.pid, flush=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from service import _defaults
+from service.client import _defaults
 
 ImageInput = bytes | str | Path
 
@@ -134,9 +134,9 @@ class VisionClient:
 
     def __init__(
         self,
-        url: str = _defaults.CLIENT_URL,
+        url: str = _defaults.URL,
         *,
-        timeout: float = _defaults.CLIENT_TIMEOUT_S,
+        timeout: float = _defaults.TIMEOUT_S,
         api_key: str | None = None,
     ) -> None:
         self._http = httpx.Client(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
@@ -174,9 +174,9 @@ class AsyncVisionClient:
 
     def __init__(
         self,
-        url: str = _defaults.CLIENT_URL,
+        url: str = _defaults.URL,
         *,
-        timeout: float = _defaults.CLIENT_TIMEOUT_S,
+        timeout: float = _defaults.TIMEOUT_S,
         api_key: str | None = None,
     ) -> None:
         self._http = httpx.AsyncClient(base_url=url, timeout=timeout, headers=_auth_headers(api_key))

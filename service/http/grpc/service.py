@@ -24,14 +24,12 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service.errors import ServiceError
-from service.frontend.auth import ApiKeyAuth
-from service.frontend.dispatch import ImageDispatcher
-from service.frontend.http_common import RequestLimits
-from service.frontend.observer import NO_ANSWER, client_request_id, log_access
-from service.logs import REQUEST_ID
-from service.metrics import metrics
-from service.oip.infer import run_infer
-from service.oip.tensors import (
+from service.http.base.auth import ApiKeyAuth
+from service.http.base.dispatch import ImageDispatcher
+from service.http.base.limits import RequestLimits
+from service.http.base.observer import NO_ANSWER, client_request_id, log_access
+from service.http.oip.infer import run_infer
+from service.http.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     INPUT_NAME,
     SERVER_NAME,
@@ -47,6 +45,8 @@ from service.oip.tensors import (
     parse_output,
     server_extensions,
 )
+from service.logs import REQUEST_ID
+from service.metrics import metrics
 from service.repository.calls import REPOSITORY_OFF, RepositoryCalls
 from service.repository.table import VersionRoute
 

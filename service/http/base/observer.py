@@ -25,9 +25,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from service.errors import CLIENT_CLOSED_REQUEST
+from service.http.base.infer_paths import is_infer_path
 from service.logs import REQUEST_ID
 from service.metrics import metrics
-from service.oip.paths import is_infer_path
 
 access_logger = logging.getLogger("service.access")
 

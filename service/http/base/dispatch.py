@@ -16,8 +16,8 @@ from preprocessing.errors import ImageDecodeError
 from preprocessing.probe import check_image_header
 from service._defaults import RETRY_AFTER_S
 from service.errors import ServiceError
-from service.frontend.admission import AdmissionGate
-from service.frontend.worker_watch import WorkerWatch
+from service.http.base.admission import AdmissionGate
+from service.http.base.worker_watch import WorkerWatch
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.repository.table import VersionRoute
@@ -48,7 +48,7 @@ def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
 class ImageDispatcher:
     """Admits images under the server-wide ``gate``, sends each to a ready worker, and waits for the
     answers until ``timeout_s``. Made before the HTTP processes fork; each one then ``attach``es
-    its own channel and worker watch (service/frontend/process.py), and answers 503 until it has."""
+    its own channel and worker watch (service/http/process.py), and answers 503 until it has."""
 
     def __init__(self, gate: AdmissionGate, timeout_s: float) -> None:
         self.gate = gate

@@ -15,10 +15,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, MutableSequence, Sequence
 
 from service.errors import ServiceError
-from service.frontend.admission import AdmissionGate
-from service.frontend.dispatch import ImageDispatcher
-from service.frontend.http_common import RequestLimits
-from service.frontend.worker_watch import WorkerWatch
+from service.http.base.admission import AdmissionGate
+from service.http.base.dispatch import ImageDispatcher
+from service.http.base.limits import RequestLimits
+from service.http.base.worker_watch import WorkerWatch
 from service.metrics import LiveState, LiveStateCollector
 from service.model_info import ModelInfo
 from service.repository.calls import RepositoryCalls
@@ -86,8 +86,8 @@ class HttpFrontEnd:
             channel.close()
 
     async def start_grpc(self) -> object:
-        """The Open Inference Protocol's gRPC service in this HTTP process (service/oip/grpc_service.py)."""
-        from service.oip.grpc_service import InferenceServicer, start_grpc_server  # grpc only where it is on
+        """The Open Inference Protocol's gRPC service in this HTTP process (service/http/grpc/service.py)."""
+        from service.http.grpc.service import InferenceServicer, start_grpc_server  # grpc only where it is on
 
         settings = self.settings
         servicer = InferenceServicer(

@@ -1,4 +1,4 @@
-"""``GET /``: a page to try the model from a browser (service/rest/static/index.html, no outside resources)."""
+"""``GET /``: a page to try the model from a browser (service/http/predict/static/index.html, no outside resources)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ CONTENT_SECURITY_POLICY = (
 
 @functools.cache
 def upload_page_html() -> str:
-    return resources.files("service.rest").joinpath("static/index.html").read_text(encoding="utf-8")
+    return resources.files("service.http.predict").joinpath("static/index.html").read_text(encoding="utf-8")
 
 
 def upload_page() -> HTMLResponse:

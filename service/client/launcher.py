@@ -19,14 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from service.client import VisionClient
-from service.settings import env_var
+from service.client import _defaults
+from service.client.vision_client import VisionClient
 
 logger = logging.getLogger(__name__)
 
 # How the server is started by default, and the variable that gives it its port.
 VISION_SERVE_COMMAND = (sys.executable, "-m", "service.cli")
-PORT_ENV = env_var("port")
+PORT_ENV = _defaults.PORT_ENV
 STARTUP_TIMEOUT_S = 300.0  # ResNet-152 load + warm-up on 2 CPU cores takes well under a minute
 STOP_TIMEOUT_S = 60.0
 

@@ -11,7 +11,7 @@ protocol with:
 - a cap on the bytes of a request's headers (``--max-header-bytes``): past it, 431 and close;
 - a deadline for the body, from the end of the headers (``--body-timeout-s``): past it, 408 and
   close. The route reading the body then sees the connection gone and counts the request as 408
-  (service/frontend/http_common.py).
+  (service/http/base/limits.py).
 
 One sweep per process every ``SWEEP_INTERVAL_S`` checks the deadlines of every open connection, so
 a request pays for a few clock reads, not for timers of its own.

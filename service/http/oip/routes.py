@@ -18,11 +18,12 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import ServiceError, http_headers
-from service.frontend.dispatch import ImageDispatcher
-from service.frontend.http_common import RequestLimits, read_body, server_timing
-from service.oip.infer import run_infer
-from service.oip.paths import model_in_path
-from service.oip.tensors import (
+from service.http.base.dispatch import ImageDispatcher
+from service.http.base.infer_paths import model_in_path
+from service.http.base.limits import RequestLimits, read_body
+from service.http.base.server_timing import server_timing
+from service.http.oip.infer import run_infer
+from service.http.oip.tensors import (
     CLASSIFICATION_PARAMETER,
     SERVER_NAME,
     TOP_K_PARAMETER,

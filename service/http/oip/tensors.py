@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2; Triton's HTTP/REST and gRPC API) for an image classifier.
 
 What an infer request asks for and what its outputs hold, independent of the transport: the HTTP
-routes (service/oip/rest.py) and the gRPC service (service/oip/grpc_service.py) move the bytes.
+routes (service/http/oip/routes.py) and the gRPC service (service/http/grpc/service.py) move the bytes.
 
 The model, as its metadata tells clients:
 - input ``IMAGE``: the encoded image files, ``BYTES`` of shape ``[N]`` or ``[N, 1]`` (base64
@@ -27,7 +27,7 @@ import numpy as np
 
 from service import _defaults
 from service.errors import ServiceError
-from service.frontend.http_common import top_k_value
+from service.http.base.top_k import top_k_value
 from service.wire import Answer
 
 INPUT_NAME = "IMAGE"

@@ -1,12 +1,12 @@
 """Every route of the HTTP processes, registered on LitServe's app in the main process before they fork.
 
-- ``POST /predict`` (service/rest/predict.py) and the Open Inference Protocol's infer paths
-  (service/oip/rest.py) answer from plain ASGI handlers ahead of FastAPI's stack; FastAPI routes of
+- ``POST /predict`` (service/http/predict/routes.py) and the Open Inference Protocol's infer paths
+  (service/http/oip/routes.py) answer from plain ASGI handlers ahead of FastAPI's stack; FastAPI routes of
   the same paths document them in /docs and answer the same way.
 - ``/health`` (alive), ``/ready`` (every served model version loaded and warmed) and ``/metrics``
   (Prometheus) answer without a key; with ``--api-key``, ``/predict``, ``/info`` and the OIP
   metadata need it.
-- ``/v2/repository/...`` (Triton's repository extension, service/oip/repository.py) needs the admin key.
+- ``/v2/repository/...`` (Triton's repository extension, service/http/oip/repository_routes.py) needs the admin key.
 - ``GET /`` is the upload page.
 """
 
@@ -16,18 +16,18 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from service.errors import ServiceError
-from service.frontend.auth import ApiKeyAuth
-from service.frontend.observer import HttpObserver
-from service.frontend.process import HttpFrontEnd
+from service.http.base.auth import ApiKeyAuth
+from service.http.base.infer_paths import is_infer_path
+from service.http.base.observer import HttpObserver
+from service.http.oip.repository_routes import add_repository_routes
+from service.http.oip.routes import OipInferEndpoint, add_oip_routes
+from service.http.predict.render import handle_service_error
+from service.http.predict.routes import OPENAPI_EXTRA, PredictEndpoint
+from service.http.predict.upload_page import upload_page
+from service.http.process import HttpFrontEnd
 from service.litserve_bridge import add_fast_pattern_route, add_fast_route
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.metrics import exposition
-from service.oip.paths import is_infer_path
-from service.oip.repository import add_repository_routes
-from service.oip.rest import OipInferEndpoint, add_oip_routes
-from service.rest.predict import OPENAPI_EXTRA, PredictEndpoint
-from service.rest.render import handle_service_error
-from service.rest.upload_page import upload_page
 
 
 def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_info: dict) -> None:

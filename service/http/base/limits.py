@@ -1,6 +1,5 @@
-"""What every HTTP protocol of an HTTP process shares (``/predict`` and the Open Inference Protocol's
-REST routes): the limits on what a client sends, reading a body within them, the top_k rule, and the
-``Server-Timing`` header."""
+"""The limits on what a client sends to an HTTP process (``/predict`` and the Open Inference
+Protocol's REST routes alike), and reading a request body within them."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from starlette.requests import Request
 
 from service import _defaults
 from service.errors import ServiceError
-from service.frontend.connection_guard import BODY_TIMED_OUT
+from service.uvicorn_bridge import BODY_TIMED_OUT
 
 
 @dataclass(frozen=True)
@@ -56,27 +55,3 @@ async def read_body(request: Request, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def top_k_value(raw: object, text_allowed: bool) -> int | None:
-    """``raw`` as a top_k (1..MAX_TOP_K), or ``None`` if it is not one. ``text_allowed``: digits in a
-    string count (a query or form field); JSON values must be numbers. Each protocol words its own
-    refusal (its status and message are part of its contract)."""
-    value = None
-    # True/False are ints in Python, and int() also reads "1_0" and non-ASCII digits: none is a top_k.
-    # The length check comes first: int() of a 5,000-digit string raises (Python's digit limit).
-    text = raw.strip() if text_allowed and isinstance(raw, str) else ""
-    if text and len(text) <= len(str(_defaults.MAX_TOP_K)) and text.isascii() and text.isdigit():
-        value = int(text)
-    elif isinstance(raw, int) and not isinstance(raw, bool):
-        value = raw
-    elif text_allowed and isinstance(raw, float) and raw.is_integer():
-        value = int(raw)
-    return value if value is not None and 1 <= value <= _defaults.MAX_TOP_K else None
-
-
-def server_timing(timings_ms: dict[str, float]) -> str:
-    """The ``Server-Timing`` header (W3C), e.g. ``queue;dur=1.20, inference;dur=30.50``: the worker's
-    stages (queue, preprocess, pipeline_wait when pipelined, inference), then postprocess (rendering)
-    and total (admission to answer) from the HTTP process."""
-    return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timings_ms.items())

@@ -3,7 +3,7 @@ queues and batched loop), a JSON body ``{"image": "<base64>", "top_k": 5}``, vis
 
     import litserve as ls
     from service.settings import ServeSettings
-    from service.worker.litserve_api import ClassifierLitAPI
+    from service.litserve_api import ClassifierLitAPI
 
     ls.LitServer(ClassifierLitAPI(ServeSettings(model="efficientnet-lite0")), accelerator="cpu").run()
 
@@ -17,8 +17,8 @@ from fastapi import HTTPException
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.rest.parsing import image_from_json
-from service.rest.render import render
+from service.http.predict.parsing import image_from_json
+from service.http.predict.render import render
 from service.settings import ServeSettings
 from service.wire import Answer, ImageRequest
 

@@ -1,7 +1,7 @@
 """``POST /predict``: parse and check in the HTTP process, then classify through ``ImageDispatcher``
 (admit or shed, send to the workers, answer by the deadline).
 
-The workers' compact answers become JSON here (service/rest/render.py). The deadline covers running
+The workers' compact answers become JSON here (service/http/predict/render.py). The deadline covers running
 work: a request in a batch that runs for minutes still gets its 504 on time. A request of several
 images answers ``{"results": [...]}``, each image with its own outcome.
 """
@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.frontend.dispatch import ImageDispatcher, check_header, header_error
-from service.frontend.http_common import RequestLimits
+from service.http.base.dispatch import ImageDispatcher, check_header, header_error
+from service.http.base.limits import RequestLimits
+from service.http.predict.parsing import read_predict_request
+from service.http.predict.render import error_response, render, render_many
 from service.metrics import metrics
-from service.rest.parsing import read_predict_request
-from service.rest.render import error_response, render, render_many
 from service.wire import Answer
 
 MAX_NAME_CHARS = 128  # model names are at most 128 characters (service/repository/layout.py)

@@ -6,7 +6,7 @@ Accepted bodies for ``POST /predict``:
   ``image`` fields make a request of many images;
 - JSON ``{"image": "<base64 or data: URL>", "top_k": 5}``, or ``{"images": [...], "top_k": 5}``.
 Malformed requests are refused here with a 4xx ``ServiceError``; the images' headers are checked
-next (service/rest/predict.py), so only well-formed requests take a queue slot. In a request of many
+next (service/http/predict/routes.py), so only well-formed requests take a queue slot. In a request of many
 images, a bad one gets its own error and the others are still classified.
 """
 
@@ -25,7 +25,8 @@ from starlette.requests import Request
 
 from service import _defaults
 from service.errors import ServiceError
-from service.frontend.http_common import RequestLimits, read_body, top_k_value
+from service.http.base.limits import RequestLimits, read_body
+from service.http.base.top_k import top_k_value
 from service.wire import Answer, answer_for, error_answer
 
 # The form has an image and maybe top_k; a few more fields are tolerated, thousands are not.

@@ -12,24 +12,21 @@ from pathlib import Path
 
 import httpx
 
-from service import _defaults
-from service.client import AsyncVisionClient, Classification, ClassifyError
-from service.settings import env_var
+from service.client import _defaults
+from service.client.vision_client import AsyncVisionClient, Classification, ClassifyError
 
-API_KEY_ENV = env_var("api_key")  # the server's variable: one key in the environment serves both
+API_KEY_ENV = _defaults.API_KEY_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vision-classify", description="Classify images with a vision-serve server.")
     parser.add_argument("images", nargs="+", type=Path, metavar="IMAGE", help="image files to classify")
-    parser.add_argument("--url", default=_defaults.CLIENT_URL, help=f"server URL (default: {_defaults.CLIENT_URL})")
+    parser.add_argument("--url", default=_defaults.URL, help=f"server URL (default: {_defaults.URL})")
     parser.add_argument(
         "--top-k", type=int, default=_defaults.TOP_K, help=f"labels per image (default: {_defaults.TOP_K})"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per image instead of tables")
-    parser.add_argument(
-        "--concurrency", type=int, default=_defaults.CLIENT_CONCURRENCY, help="requests in flight at once"
-    )
+    parser.add_argument("--concurrency", type=int, default=_defaults.CONCURRENCY, help="requests in flight at once")
     parser.add_argument(
         "--images-per-request",
         type=int,
@@ -37,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="images sent in each request (several image fields; the server classifies each as its own batch "
         "item, and the request costs less than as many single ones); default: 1",
     )
-    parser.add_argument("--timeout", type=float, default=_defaults.CLIENT_TIMEOUT_S, help="seconds per request")
+    parser.add_argument("--timeout", type=float, default=_defaults.TIMEOUT_S, help="seconds per request")
     parser.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV) or None,

@@ -3,9 +3,9 @@ fails. Shared by the HTTP routes and the gRPC service."""
 
 from __future__ import annotations
 
-from service.frontend.dispatch import ImageDispatcher, header_error
+from service.http.base.dispatch import ImageDispatcher, header_error
+from service.http.oip.tensors import InferCall, failed_items
 from service.metrics import metrics
-from service.oip.tensors import InferCall, failed_items
 from service.repository.table import VersionRoute
 from service.wire import Answer
 

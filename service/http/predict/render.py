@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.errors import ServiceError, http_headers
-from service.frontend.http_common import server_timing
+from service.http.base.server_timing import server_timing
 from service.wire import Answer
 
 # What Starlette's JSONResponse writes (compact, UTF-8, NaN refused), made once.

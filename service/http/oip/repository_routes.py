@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import ServiceError
-from service.frontend.auth import ApiKeyAuth
-from service.frontend.http_common import read_body
-from service.oip.rest import error_response
+from service.http.base.auth import ApiKeyAuth
+from service.http.base.limits import read_body
+from service.http.oip.routes import error_response
 from service.repository.calls import MAX_CONFIG_CHARS, REPOSITORY_OFF, RepositoryCalls
 
 TAG = "Model repository (Triton's extension)"

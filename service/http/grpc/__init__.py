@@ -1,0 +1,2 @@
+"""The Open Inference Protocol over gRPC, in each HTTP process: the servicer over the infer call and
+tensors of service/http/oip/."""
