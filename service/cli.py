@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         and not Path(settings.weights).expanduser().is_file()
     ):
         parser.error(f"--weights {settings.weights!r}: no such file. Use imagenet, random, or a state_dict file path.")
-    from service.supervisor.plan import start_planning
+    from service.supervisor.planning.launch import start_planning
 
     planning = start_planning(settings)  # a child process with torch; meanwhile this one imports its web stack
     from service.supervisor.server import build_server, serve
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = build_server(plans, settings if settings.model_repository else None)
     except ValueError as exc:
         parser.error(str(exc))
-    artifacts = [plan.plan.settings for plan in plans if plan.plan.settings.artifact]
+    artifacts = [plan.serve_plan.settings for plan in plans if plan.serve_plan.settings.artifact]
     if artifacts:  # AOTInductor CUDA packages need it in the workers that load them
         from compile.libstdcxx import preload_for_children
 

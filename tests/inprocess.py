@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from litserve.utils import wrap_litserve_start
 
 from service.settings import ServeSettings
-from service.supervisor.plan import plan_serving
+from service.supervisor.planning.planner import plan_serving
 from service.supervisor.server import VisionLitServer, build_server
 
 

@@ -17,7 +17,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.errors import ServiceError
+from service.errors import InvalidInput, NotFound
 from service.model_info import ModelInfo
 
 TABLE_FILE = "routing-table.pickle"
@@ -53,23 +53,22 @@ class RoutingTable:
         if not name:
             if not self.default_model:
                 names = ", ".join(sorted(self.models)) or "none"
-                raise ServiceError(
-                    400 if self.models else 404,
+                raise (InvalidInput if self.models else NotFound)(
                     f"Name the model: ?model=NAME (models loaded: {names}), or start the server with --default-model.",
                 )
             name = self.default_model
         versions = self.models.get(name)
         if not versions:
             loaded = ", ".join(sorted(self.models)) or "none"
-            raise ServiceError(404, f"Request for unknown model: '{name}' is not found (models loaded: {loaded}).")
+            raise NotFound(f"Request for unknown model: '{name}' is not found (models loaded: {loaded}).")
         if version in (None, ""):
             return versions[max(versions)]
         number = parse_version(version)
         route = versions.get(number) if number is not None else None
         if route is None:
             loaded = ", ".join(map(str, sorted(versions)))
-            raise ServiceError(
-                404, f"Request for unknown model: '{name}' version {version} is not found (versions loaded: {loaded})."
+            raise NotFound(
+                f"Request for unknown model: '{name}' version {version} is not found (versions loaded: {loaded})."
             )
         return route
 

@@ -4,7 +4,7 @@ no orphans.
 LitServe 0.2.19 leaves its uvicorn, inference-worker and manager processes running when the main
 process gets SIGTERM. ``serve`` turns SIGTERM and SIGINT into LitServe's own graceful
 shutdown (the path its ``/shutdown`` endpoint takes), and reaps any child left afterwards. Nothing
-here imports torch: the HTTP processes fork from this one (service/supervisor/plan.py).
+here imports torch: the HTTP processes fork from this one (service/supervisor/planning/planner.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 
@@ -31,10 +30,14 @@ from service.http.routes import register_routes
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed
 from service.logs import adopt_library_loggers
 from service.metrics import mark_process_dead, metrics, multiprocess_mode
-from service.repository.control import ControlServer
-from service.settings import ServeSettings, resolve_api_servers
-from service.supervisor.models import ModelPool, WorkerHooks
-from service.supervisor.plan import ServePlan, VersionPlan
+from service.repository.control_channel import ControlServer
+from service.settings import ServeSettings
+from service.supervisor.planning.layout import ServerLayout, server_layout
+from service.supervisor.planning.plans import ServePlan, VersionPlan
+from service.supervisor.pool.repository_operations import RepositoryOperations
+from service.supervisor.pool.restarts import WorkerRestarter
+from service.supervisor.pool.table_publisher import TablePublisher
+from service.supervisor.pool.workers import WorkerHooks, WorkerSet
 from service.transport.channels import ChannelConfig
 from service.uvicorn_bridge import ConnectionLimits, guarded_http_protocol
 from service.worker.entry import CLASSIFIER, WorkerEntry
@@ -64,7 +67,7 @@ class VisionLitServer(LitServerBridge):
     Made and run in the main process. The routes (service/http/routes.py) and the per-process
     front end (service/http/process.py) are set up here before the HTTP processes fork; requests
     and answers travel over service/transport/channels.py, not LitServe's manager queues. The
-    inference workers are the model pool's (service/supervisor/models.py): the first versions' at
+    inference workers are the model pool's (service/supervisor/pool/): the first versions' at
     launch, others at repository load calls, a dead one restarted. Stopping, also from a signal
     handler while workers start, takes LitServe's own graceful path: uvicorn stops accepting and
     finishes the requests it holds while the inference workers still answer them; the workers stop
@@ -81,32 +84,31 @@ class VisionLitServer(LitServerBridge):
         self.layout = layout
         self.api_servers = layout.api_servers
         self.model_path = model
-        self.channels = ChannelConfig.create(layout.api_servers, sum(plan.plan.workers for plan in plans))
+        self.channels = ChannelConfig.create(layout.api_servers)
         # Per worker slot, the size of the batch it runs now: the queue depth is what is admitted and
         # not running. Shared memory, made before any worker spawns (they get it with the loop).
         self.running = multiprocessing.Array("i", RUNNING_SLOTS, lock=False)
         # Per HTTP process, the routing table generation it follows (-1: not started yet).
         self.table_acks = multiprocessing.Array("q", [-1] * layout.api_servers, lock=False)
         self.initial_plans = list(plans)
-        self.pool = ModelPool(
-            settings,
-            self.channels.directory,
-            self.table_acks,
-            WorkerHooks(
-                spawn=self.spawn_worker,
-                states=self.worker_states,
-                set_state=self.set_worker_state,
-                make_entry=self.make_entry,
-                device_slots=self.device_slots,
-            ),
-            on_unrecoverable=self._stop_with_error,
+        self.worker_hooks = WorkerHooks(
+            spawn=self.spawn_worker,
+            states=self.worker_states,
+            set_state=self.set_worker_state,
+            make_entry=self.make_entry,
+            device_slots=self.device_slots,
         )
-        self.pool.layout = (layout.accelerator, layout.devices, layout.worker_env)
+        self.pool_stopping = threading.Event()  # set on stop: a load's waits end at once
+        self.worker_set = WorkerSet(settings, self.channels.directory, self.worker_hooks, self.pool_stopping)
+        self.table_publisher = TablePublisher(
+            self.channels.directory, self.table_acks, self.worker_set.routes, settings.default_model, self.pool_stopping
+        )
+        self.repository = RepositoryOperations(settings, layout, self.worker_set, self.table_publisher)
         # Before LitServer.__init__, which registers the routes that use it.
         self.frontend = HttpFrontEnd(
             settings, self.channels, self.worker_states, self.running, self.table_acks, SERVER_VERSION
         )
-        first = plans[0].plan
+        first = plans[0].serve_plan
         # timeout: LitServe's own deadline, which its loop would apply (ours applies the same one).
         super().__init__(
             self.make_entry(plans[0]),
@@ -120,7 +122,7 @@ class VisionLitServer(LitServerBridge):
 
     def make_entry(self, plan: VersionPlan) -> WorkerEntry:
         """The LitAPI a version's workers run: its settings, and the loop with its batch policy."""
-        settings = plan.plan.settings
+        settings = plan.serve_plan.settings
         entry = WorkerEntry(settings, self.model_path)
         policy = BatchPolicy(
             max_batch_size=settings.max_batch_size,
@@ -132,10 +134,10 @@ class VisionLitServer(LitServerBridge):
         return entry
 
     def launch_workers(self) -> list:
-        return self.pool.start(self.initial_plans)
+        return self.repository.start(self.initial_plans)
 
     def request_stop(self) -> None:
-        self.pool.stopping.set()
+        self.pool_stopping.set()
         super().request_stop(start_stop_thread)
 
     def before_http_processes(self) -> None:
@@ -154,7 +156,7 @@ class VisionLitServer(LitServerBridge):
             "devices": device_names(self.devices),
             "workers_per_device": settings.workers_per_device,
             "api_servers": self.api_servers,
-            "pipeline_depth": self.initial_plans[0].plan.settings.pipeline_depth,
+            "pipeline_depth": self.initial_plans[0].serve_plan.settings.pipeline_depth,
             "max_queue": settings.max_queue,
             "queued": 0,
             "request_timeout_s": settings.request_timeout_s,
@@ -174,15 +176,16 @@ class VisionLitServer(LitServerBridge):
             yield
 
     def start_worker_monitor(self) -> None:
+        restarter = WorkerRestarter(self.worker_set, self.worker_hooks, self._stop_with_error)
         thread = threading.Thread(
-            target=self.pool.watch,
+            target=restarter.watch,
             kwargs={"stopping": self._stopping, "metrics_restart": self._count_restart},
             name="vision-serve-worker-monitor",
             daemon=True,
         )
         thread.start()
         if self.settings.model_control == "explicit":
-            self._control = ControlServer(self.channels.directory, self.pool.handle)
+            self._control = ControlServer(self.channels.directory, self.repository.handle)
             self._control.start()
 
     def stop_control(self) -> None:
@@ -203,41 +206,6 @@ class VisionLitServer(LitServerBridge):
         self.request_stop()
 
 
-@dataclass(frozen=True)
-class ServerLayout:
-    """What the whole server shares, whatever model a worker serves."""
-
-    accelerator: str
-    devices: int | str
-    worker_env: dict[str, str]
-    api_servers: int
-
-
-def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_count: int | None = None) -> ServerLayout:
-    """The layout the plans agree on; ``ValueError`` if two versions want different devices."""
-    if not plans:
-        raise ValueError(
-            f"The model repository {settings.model_repository} has no model to serve: add DIR/<name>/1 "
-            "(compile-trt --model ... --output DIR/<name>/1)."
-        )
-    first = plans[0].plan
-    for plan in plans[1:]:
-        if (plan.plan.accelerator, plan.plan.devices, plan.plan.worker_env) != (
-            first.accelerator,
-            first.devices,
-            first.worker_env,
-        ):
-            raise ValueError(
-                f"Model {plan.name} version {plan.version} is compiled for {plan.plan.accelerator}, and "
-                f"{plans[0].name} version {plans[0].version} for {first.accelerator}: one server serves one device "
-                "layout. Recompile one, or pass --device."
-            )
-    workers = sum(plan.plan.workers for plan in plans)
-    cpus = cpu_count or os.cpu_count() or 1
-    api_servers = resolve_api_servers(settings.api_servers, first.accelerator, workers, cpus)
-    return ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)
-
-
 def start_stop_thread(target: Callable[[], None]) -> None:
     """Run ``target`` (the stop event's ``set``) in a thread of its own (see ``request_stop``)."""
     threading.Thread(target=target, name="vision-serve-stop", daemon=True).start()
@@ -251,7 +219,7 @@ def build_server(
     entry.py: the front-end benchmark serves a no-op one through everything else)."""
     if isinstance(plans, ServePlan):
         plans = [VersionPlan(plans.settings.served_name, 1, plans)]
-    settings = settings or plans[0].plan.settings
+    settings = settings or plans[0].serve_plan.settings
     layout = server_layout(plans, settings)
     os.environ.update(layout.worker_env)  # spawned workers inherit it (CUDA_VISIBLE_DEVICES for one GPU)
     for plan in plans:
@@ -259,8 +227,8 @@ def build_server(
             "Model %s version %d: preprocessing %s (%s)",
             plan.name,
             plan.version,
-            plan.plan.model.preprocess,
-            plan.plan.model.preprocess_reason,
+            plan.serve_plan.model.preprocess,
+            plan.serve_plan.model.preprocess_reason,
         )
     return VisionLitServer(plans, settings, layout, model)
 

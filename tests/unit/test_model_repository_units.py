@@ -19,7 +19,7 @@ from service.repository.layout import (
 )
 from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.settings import ServeSettings, resolve_settings
-from service.supervisor.memory import MIB, available_cpu_bytes, check_fits
+from service.supervisor.planning.memory import MIB, available_cpu_bytes, check_fits
 
 
 def make_repository(root, layout: dict[str, list[str]], configs: dict[str, str] | None = None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import multiprocessing
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ from service.http.base.worker_watch import WorkerWatch
 from service.http.predict.render import handle_service_error
 from service.litserve_bridge import ERROR, READY, STARTING
 from service.settings import ServeSettings
-from service.supervisor.models import ModelPool, ServedVersion, Worker, WorkerHooks
+from service.supervisor.pool.restarts import WorkerRestarter
+from service.supervisor.pool.workers import ServedVersion, Worker, WorkerHooks, WorkerSet
 from service.transport.channels import ApiChannel, ChannelConfig
 from service.wire import ImageRequest
 
@@ -103,7 +105,7 @@ def test_empty_api_key_is_refused() -> None:
 
 def test_watch_fails_only_the_dead_workers_requests(tmp_path: Path) -> None:
     async def scenario() -> None:
-        channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=2), 0)
+        channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
         states = {0: READY, 1: READY}
         watch = WorkerWatch(lambda: dict(states), channel)
         watch.refresh()
@@ -130,7 +132,7 @@ def test_watch_fails_only_the_dead_workers_requests(tmp_path: Path) -> None:
 
 def test_watch_is_not_ready_before_any_worker_reports(tmp_path: Path) -> None:
     async def scenario() -> None:
-        channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)
+        channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
         watch = WorkerWatch(dict, channel)
         watch.refresh()
         assert not watch.ready and watch.ready_workers == []
@@ -149,8 +151,8 @@ class FakeProcess:
         return self.alive
 
 
-def pool_serving(processes: list, states: dict, spawn) -> ModelPool:
-    """A model pool serving one version whose workers are ``processes`` (ids 0, 1, ...)."""
+def pool_serving(processes: list, states: dict, spawn) -> WorkerRestarter:
+    """A restarter watching one served version whose workers are ``processes`` (ids 0, 1, ...)."""
     hooks = WorkerHooks(
         spawn=spawn,
         states=lambda: dict(states),
@@ -158,13 +160,13 @@ def pool_serving(processes: list, states: dict, spawn) -> ModelPool:
         make_entry=lambda plan: None,
         device_slots=lambda count: ["cpu"] * count,
     )
-    pool = ModelPool(ServeSettings(), "unused", [], hooks, on_unrecoverable=lambda message: None)
+    worker_set = WorkerSet(ServeSettings(), "unused", hooks, threading.Event())
     workers = [Worker(i, "m", 1, "cpu", process, None) for i, process in enumerate(processes)]
-    pool.served = {"m": {1: ServedVersion(plan=None, workers=workers)}}
-    return pool
+    worker_set.served = {"m": {1: ServedVersion(plan=None, workers=workers)}}
+    return WorkerRestarter(worker_set, hooks, on_unrecoverable=lambda message: None)
 
 
-def watch(pool: ModelPool, stopped: list, rounds: list | None = None) -> None:
+def watch(pool: WorkerRestarter, stopped: list, rounds: list | None = None) -> None:
     pool.on_unrecoverable = stopped.append
     rounds = [] if rounds is None else rounds
     pool.watch(
@@ -184,7 +186,7 @@ def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
     pool = pool_serving([FakeProcess(), FakeProcess(alive=False, pid=2)], status, spawn)
     watch(pool, stopped)
     assert relaunched == [1]  # restarted once, not in a loop
-    assert pool.served["m"][1].workers[1].process.pid == 3
+    assert pool.workers.served["m"][1].workers[1].process.pid == 3
     assert len(stopped) == 1 and "died during its setup" in stopped[0]
 
 

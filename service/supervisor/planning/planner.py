@@ -1,23 +1,20 @@
-"""What to serve and how, resolved once from the settings, the machine and the artifact: ``ServePlan``.
+"""The planner: what to serve and how, resolved once from the settings, the machine and the artifact
+(``plan_serving``: a ``ServePlan``), for every version of a repository (``plan_repository``).
 
-Resolving it needs torch (how many GPUs, what this CPU runs), the model catalog, the artifact's
-manifest checked against this machine and the preprocessing backends. The main process must not
-import those: its HTTP processes are forked from it, and would each carry torch (hundreds of MB, and
-OpenAI Triton through it) for nothing. So the plan is made in a short-lived child process,
-``python -m service.supervisor.plan``, which reads the settings as JSON on stdin and writes the plan
-(or the error that says what to fix) as JSON on stdout; ``start_planning`` starts it, and the main
-process imports its web stack meanwhile.
+Runs in the planner child process (service/supervisor/planning/__main__.py), and in tests. Resolving
+a plan needs torch (how many GPUs, what this CPU runs), the model catalog, the artifact's manifest
+checked against this machine and the preprocessing backends. The main process must not import
+those: its HTTP processes are forked from it, and would each carry torch (hundreds of MB, and
+OpenAI Triton through it) for nothing. So it imports this module's types only
+(service/supervisor/planning/plans.py) and starts the child (service/supervisor/planning/launch.py).
+The pipeline depth is resolved here, once; the workers use the plan's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import subprocess
-import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,68 +27,14 @@ from service.repository.layout import (
     parse_config_override,
     read_model_folder,
 )
-from service.settings import ServeSettings, resolve_api_servers, resolve_pipeline_depth
-from service.supervisor.memory import check_memory
+from service.settings import ServeSettings, resolve_pipeline_depth
+from service.supervisor.planning.memory import check_memory
+from service.supervisor.planning.plans import LoadRequest, ServePlan, VersionPlan
 
 if TYPE_CHECKING:
     from compile.manifest import Manifest
 
 logger = logging.getLogger(__name__)
-
-PLANNER = (sys.executable, "-m", "service.supervisor.plan")
-
-
-@dataclass(frozen=True)
-class ServePlan:
-    """The settings with what the artifact and the machine decided (model, device, largest batch,
-    pipeline depth), and how LitServe lays out the processes."""
-
-    settings: ServeSettings
-    accelerator: str  # "cpu" or "cuda"
-    devices: int | str  # LitServer's: a number of GPUs, or "auto" on a CPU
-    worker_env: dict[str, str]  # set before the workers spawn: CUDA_VISIBLE_DEVICES for one chosen GPU
-    workers: int
-    api_servers: int
-    model: ModelInfo
-
-    def to_json(self) -> str:
-        """Without the keys: the plan crosses a pipe, and the keys never need to."""
-        plan = asdict(self)
-        plan["settings"]["api_key"] = plan["settings"]["admin_api_key"] = ""
-        return json.dumps(plan)
-
-    @classmethod
-    def from_json(cls, text: str, keys: ServeSettings | None = None) -> ServePlan:
-        """``keys``: the settings whose API keys the plan gets back."""
-        plan = json.loads(text)
-        secrets = {} if keys is None else {"api_key": keys.api_key, "admin_api_key": keys.admin_api_key}
-        settings = ServeSettings(**{**plan.pop("settings"), **secrets})
-        return cls(settings=settings, model=ModelInfo(**plan.pop("model")), **plan)
-
-
-@dataclass(frozen=True)
-class VersionPlan:
-    """One version of one model of the repository, planned: a single --model or --artifact is
-    version 1 of a one-model repository."""
-
-    name: str
-    version: int
-    plan: ServePlan
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "version": self.version, "plan": json.loads(self.plan.to_json())}
-
-    @classmethod
-    def from_dict(cls, data: dict, keys: ServeSettings | None = None) -> VersionPlan:
-        return cls(data["name"], data["version"], ServePlan.from_json(json.dumps(data["plan"]), keys))
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    """What a repository load asks the planner for: one model, with a load call's config override."""
-
-    model: str
-    config: str = ""  # Triton's model config as JSON, or ""
 
 
 def resolve_device(
@@ -198,7 +141,7 @@ def artifact_facts(directory: str, manifest: Manifest) -> dict:
     }
 
 
-def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cpu_count: int | None = None) -> ServePlan:
+def plan_serving(settings: ServeSettings, cuda_count: int | None = None) -> ServePlan:
     """The plan for ``settings`` on this machine; ``ValueError`` says what to change. Imports torch."""
     import torch
 
@@ -243,8 +186,9 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cpu_cou
     settings = dataclasses.replace(
         settings, pipeline_depth=resolve_pipeline_depth(settings.pipeline_depth, accelerator)
     )
-    api_servers = resolve_api_servers(settings.api_servers, accelerator, workers, cpu_count or os.cpu_count() or 1)
-    return ServePlan(settings, accelerator, devices, worker_env, workers, api_servers, model)
+    # The HTTP processes are counted for the whole server, from every version's workers
+    # (service/supervisor/planning/layout.py).
+    return ServePlan(settings, accelerator, devices, worker_env, workers, model)
 
 
 def version_settings(settings: ServeSettings, name: str, artifact: Path, config: ModelConfig) -> ServeSettings:
@@ -292,68 +236,3 @@ def plan_repository(
                 plans.append(VersionPlan(folder.name, version, plan))
     check_memory(plans)
     return plans
-
-
-class PlanningFailed(RuntimeError):
-    """The planner process failed for a reason other than the settings (its output says why)."""
-
-
-class Planning:
-    """The planner process, started; ``result()`` waits for its ``VersionPlan``s."""
-
-    def __init__(self, settings: ServeSettings, load: LoadRequest | None = None) -> None:
-        self._keys = settings
-        public = dataclasses.replace(settings, api_key="", admin_api_key="")
-        self._process = subprocess.Popen(
-            PLANNER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self._input = json.dumps({"settings": asdict(public), "load": None if load is None else asdict(load)})
-
-    def result(self, timeout_s: float | None = None) -> list[VersionPlan]:
-        """The plans; ``ValueError`` with the planner's message when the settings cannot be served."""
-        try:
-            stdout, stderr = self._process.communicate(self._input, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.communicate()
-            raise ValueError(f"Planning took longer than {timeout_s:g} s (--load-timeout-s).") from None
-        if stderr.strip():
-            sys.stderr.write(stderr)  # its log records and warnings, as if this process had written them
-        try:
-            answer = json.loads(stdout)
-        except ValueError:
-            raise PlanningFailed(f"the planner exited with code {self._process.returncode}; see above.") from None
-        if "error" in answer:
-            raise ValueError(answer["error"])
-        return [VersionPlan.from_dict(plan, self._keys) for plan in answer["plans"]]
-
-
-def start_planning(settings: ServeSettings, load: LoadRequest | None = None) -> Planning:
-    return Planning(settings, load)
-
-
-def main() -> None:
-    """The planner: ``{"settings", "load"}`` JSON on stdin -> ``{"plans": [...]}`` or ``{"error": message}``."""
-    import torch  # noqa: F401  (planning needs it; imported first so its logger can be adopted)
-
-    from service.logs import adopt_torch_logger, configure_logging
-
-    request = json.loads(sys.stdin.read())
-    settings = ServeSettings(**request["settings"])
-    load = None if request["load"] is None else LoadRequest(**request["load"])
-    configure_logging(settings.log_level, settings.log_format)
-    adopt_torch_logger()
-    try:
-        answer = {"plans": [plan.to_dict() for plan in plan_repository(settings, load)]}
-    except ValueError as exc:
-        answer = {"error": str(exc)}
-    sys.stdout.write(json.dumps(answer))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # No interpreter shutdown: libraries torch loads (OpenAI Triton's nanobind) can report "leaked"
-    # objects at exit, which would reach the server's log as if they were ours.
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,9 @@
 and the ZeroMQ socket they travel over (``ipc://<channels dir>/control``).
 
 An HTTP process (or the gRPC service in it) that gets ``POST /v2/repository/...`` sends a
-``ControlRequest`` and awaits the ``ControlReply``; the main process (service/supervisor/models.py)
-carries it out: loads take seconds to minutes, so each call has a socket of its own and a timeout.
+``ControlRequest`` and awaits the ``ControlReply`` (``call_main_process``); the main process's
+``ControlServer`` hands it to service/supervisor/pool/repository_operations.py, which carries it
+out: loads take seconds to minutes, so each call has a socket of its own and a timeout.
 """
 
 from __future__ import annotations

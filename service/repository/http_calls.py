@@ -1,10 +1,12 @@
-"""The repository API's calls as the HTTP processes make them (HTTP and gRPC alike): checked
-arguments, a message to the main process, its reply. Loads run there (service/supervisor/models.py)."""
+"""The repository API's calls as the HTTP processes make them (HTTP and gRPC alike): ``RepositoryCalls``
+checks the arguments, sends the call to the main process (service/repository/control_channel.py) and
+turns its reply into an answer or a ``ServiceError``. Loads run there
+(service/supervisor/pool/repository_operations.py)."""
 
 from __future__ import annotations
 
-from service.errors import ServiceError
-from service.repository.control import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest, call_main_process
+from service.errors import InvalidInput, error_of_status
+from service.repository.control_channel import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest, call_main_process
 from service.repository.layout import RepositoryError, check_model_name
 
 # The reply to a load may take the whole load timeout; the rest covers planning and the switch.
@@ -33,13 +35,12 @@ class RepositoryCalls:
         """``ServiceError`` 400 with the reason when the load fails (the old version still serves)."""
         _check_name(model)
         if files:
-            raise ServiceError(
-                400,
+            raise InvalidInput(
                 f"Loading model files sent with the call ({', '.join(files[:3])}) is not supported: put the "
                 "compile-trt artifact in the repository as <name>/<version>/ and load it by name.",
             )
         if len(config) > MAX_CONFIG_CHARS:
-            raise ServiceError(400, f"parameters.config is longer than {MAX_CONFIG_CHARS:,} characters.")
+            raise InvalidInput(f"parameters.config is longer than {MAX_CONFIG_CHARS:,} characters.")
         await self._call(ControlRequest(LOAD, model, config))
 
     async def unload(self, model: str) -> None:
@@ -49,7 +50,7 @@ class RepositoryCalls:
     async def _call(self, request: ControlRequest) -> ControlReply:
         reply = await call_main_process(self.directory, request, self.timeout_s)
         if reply.status != 200:
-            raise ServiceError(reply.status, reply.error)
+            raise error_of_status(reply.status, reply.error)
         return reply
 
 
@@ -57,4 +58,4 @@ def _check_name(model: str) -> None:
     try:
         check_model_name(model)
     except RepositoryError as exc:
-        raise ServiceError(400, str(exc)) from None
+        raise InvalidInput(str(exc)) from None

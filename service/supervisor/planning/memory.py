@@ -1,4 +1,5 @@
-"""Does a load fit? The planner's check, before any worker of a new model version starts.
+"""Does a load fit? The planner's check (``check_memory``, run in the planner child process:
+service/supervisor/planning/planner.py), before any worker of a new model version starts.
 
 What one worker needs is estimated as its engine's files twice (the file read, and the weights the
 runtime builds from it) plus a base for the process itself: torch and its libraries on a CPU, and a
@@ -17,10 +18,8 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from service.supervisor.plan import VersionPlan
+from service.supervisor.planning.plans import VersionPlan
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +39,9 @@ def directory_bytes(directory: str | Path) -> int:
 
 
 def worker_bytes(plan: VersionPlan) -> int:
-    settings = plan.plan.settings
+    settings = plan.serve_plan.settings
     files = settings.artifact or (settings.weights if Path(settings.weights).is_file() else settings.model)
-    return 2 * directory_bytes(files) + WORKER_BASE_BYTES[plan.plan.accelerator]
+    return 2 * directory_bytes(files) + WORKER_BASE_BYTES[plan.serve_plan.accelerator]
 
 
 def available_cpu_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -93,13 +92,14 @@ def check_memory(plans: Sequence[VersionPlan]) -> None:
         ("cpu", "this machine's RAM", available_cpu_bytes),
         ("cuda", "the GPU", available_gpu_bytes),
     ):
-        chosen = [plan for plan in plans if plan.plan.accelerator == accelerator]
+        chosen = [plan for plan in plans if plan.serve_plan.accelerator == accelerator]
         if not chosen:
             continue
         # Workers spread evenly over the GPUs (workers_per_device on each): what one GPU must hold.
         per = "workers" if accelerator == "cpu" else "workers_per_device"
         needed = sum(
-            worker_bytes(plan) * (plan.plan.workers if per == "workers" else plan.plan.settings.workers_per_device)
+            worker_bytes(plan)
+            * (plan.serve_plan.workers if per == "workers" else plan.serve_plan.settings.workers_per_device)
             for plan in chosen
         )
         what = ", ".join(f"{plan.name} version {plan.version}" for plan in chosen)

@@ -1,0 +1,43 @@
+"""The planner child process, ``python -m service.supervisor.planning``: ``{"settings", "load"}`` JSON
+on stdin -> ``{"plans": [...]}`` or ``{"error": message}`` on stdout.
+
+Started by the main process (service/supervisor/planning/launch.py) at launch and for each load call;
+it imports torch, which the main process must not (service/supervisor/planning/planner.py says why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from service.settings import ServeSettings
+from service.supervisor.planning.planner import plan_repository
+from service.supervisor.planning.plans import LoadRequest
+
+
+def main() -> None:
+    """Read the request, plan, write the answer, and exit without interpreter shutdown."""
+    import torch  # noqa: F401  (planning needs it; imported first so its logger can be adopted)
+
+    from service.logs import adopt_torch_logger, configure_logging
+
+    request = json.loads(sys.stdin.read())
+    settings = ServeSettings(**request["settings"])
+    load = None if request["load"] is None else LoadRequest(**request["load"])
+    configure_logging(settings.log_level, settings.log_format)
+    adopt_torch_logger()
+    try:
+        answer = {"plans": [plan.to_dict() for plan in plan_repository(settings, load)]}
+    except ValueError as exc:
+        answer = {"error": str(exc)}
+    sys.stdout.write(json.dumps(answer))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter shutdown: libraries torch loads (OpenAI Triton's nanobind) can report "leaked"
+    # objects at exit, which would reach the server's log as if they were ours.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

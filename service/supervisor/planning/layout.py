@@ -1,0 +1,54 @@
+"""What the whole server shares, whatever model a worker serves: ``ServerLayout``, agreed by the
+plans of the versions it starts with. Made in the main process (service/supervisor/server.py) from
+the planner's answer; a load's versions must match it (service/supervisor/pool/repository_operations.py).
+
+The number of HTTP processes is resolved here, once, from every starting version's workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.settings import ServeSettings, resolve_api_servers
+from service.supervisor.planning.plans import ServePlan, VersionPlan
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """What the whole server shares, whatever model a worker serves."""
+
+    accelerator: str
+    devices: int | str
+    worker_env: dict[str, str]
+    api_servers: int
+
+    def fits(self, plan: ServePlan) -> bool:
+        """Whether ``plan``'s workers can run beside this layout's (same accelerator, devices, environment)."""
+        return (plan.accelerator, plan.devices, plan.worker_env) == (self.accelerator, self.devices, self.worker_env)
+
+
+def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_count: int | None = None) -> ServerLayout:
+    """The layout the plans agree on; ``ValueError`` if two versions want different devices."""
+    if not plans:
+        raise ValueError(
+            f"The model repository {settings.model_repository} has no model to serve: add DIR/<name>/1 "
+            "(compile-trt --model ... --output DIR/<name>/1)."
+        )
+    first = plans[0].serve_plan
+    for plan in plans[1:]:
+        if (plan.serve_plan.accelerator, plan.serve_plan.devices, plan.serve_plan.worker_env) != (
+            first.accelerator,
+            first.devices,
+            first.worker_env,
+        ):
+            raise ValueError(
+                f"Model {plan.name} version {plan.version} is compiled for {plan.serve_plan.accelerator}, and "
+                f"{plans[0].name} version {plans[0].version} for {first.accelerator}: one server serves one device "
+                "layout. Recompile one, or pass --device."
+            )
+    workers = sum(plan.serve_plan.workers for plan in plans)
+    cpus = cpu_count or os.cpu_count() or 1
+    api_servers = resolve_api_servers(settings.api_servers, first.accelerator, workers, cpus)
+    return ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)

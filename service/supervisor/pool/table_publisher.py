@@ -1,0 +1,75 @@
+"""Publishing the routing table, in the main process: ``TablePublisher`` writes the table the
+workers' state makes (service/supervisor/pool/workers.py) to the file every HTTP process follows
+(service/repository/table.py), each time with a new generation, and waits until every HTTP process
+acknowledges that generation (shared memory, ``acks``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from service.repository.table import RoutingTable, TableFile, VersionRoute
+
+logger = logging.getLogger(__name__)
+
+ACK_TIMEOUT_S = 10.0
+ACK_POLL_S = 0.01
+
+# The table's content: model name -> version -> route, and the draining worker ids.
+Routes = tuple[dict[str, dict[int, VersionRoute]], tuple[int, ...]]
+
+
+class TablePublisher:
+    """Writes the routing table with a new generation, and waits for every HTTP process's ack."""
+
+    def __init__(
+        self,
+        channels_directory: str,
+        acks: Sequence[int],
+        routes: Callable[[], Routes],
+        default_model: str,
+        stopping: threading.Event,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
+    ) -> None:
+        """``acks``: per HTTP process, the table generation it follows (-1: not started yet);
+        ``routes``: the table's content now; ``default_model``: --default-model, or ""."""
+        self.table_file = TableFile(channels_directory)
+        self.acks = acks
+        self.routes = routes
+        self.default_model = default_model
+        self.stopping = stopping
+        self.ack_timeout_s = ack_timeout_s
+        self._generation = 0
+        # Generations are written in the order their content was read: a later table never loses
+        # to an earlier one that a slower thread wrote after it.
+        self._lock = threading.Lock()
+
+    def _table(self) -> RoutingTable:
+        """The table with the content now and the current generation (under ``_lock``)."""
+        models, draining = self.routes()
+        # /predict without ?model=: --default-model, else the one model when there is exactly one.
+        default = self.default_model or (next(iter(models)) if len(models) == 1 else "")
+        return RoutingTable(self._generation, models, draining, default)
+
+    def publish(self) -> int:
+        """Write the table with a new generation; returns it (not waiting for the HTTP processes)."""
+        with self._lock:
+            self._generation += 1
+            self.table_file.write(self._table())
+            return self._generation
+
+    def wait_acks(self, generation: int) -> None:
+        """Until every HTTP process follows ``generation`` (before the HTTP processes exist, at once)."""
+        deadline = time.monotonic() + self.ack_timeout_s
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            if all(ack >= generation or ack < 0 for ack in self.acks):
+                return
+            time.sleep(ACK_POLL_S)
+        logger.warning("Not every HTTP process took routing table %d within %.0f s.", generation, self.ack_timeout_s)
+
+    def publish_and_wait(self) -> None:
+        """Publish, and return once every HTTP process follows the new table."""
+        self.wait_acks(self.publish())

@@ -1,0 +1,206 @@
+"""The inference worker processes of the main process, by model version: ``WorkerSet`` starts a
+planned version's workers, waits until they are ready, lets retired ones drain, and stops them.
+
+Every inference worker is started here, through LitServe's own worker function (the server's
+``WorkerHooks``, service/supervisor/server.py: ``ls.LitAPI`` stays the model contract), each with a
+worker id never used before. Which versions serve and which workers drain is the set's state; the
+routing table is made from it (service/supervisor/pool/table_publisher.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+
+from service.litserve_bridge import ERROR, READY
+from service.repository.table import VersionRoute
+from service.settings import ServeSettings
+from service.supervisor.planning.plans import VersionPlan
+from service.worker.entry import setup_error_path
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.1
+# Beyond the request deadline, how long a draining worker may take to exit before it is stopped.
+DRAIN_GRACE_S = 5.0
+# How long a draining worker that crashed stays marked failed: a few polls of the HTTP processes.
+CRASH_NOTICE_S = 0.5
+
+
+@dataclass
+class Worker:
+    worker_id: int
+    name: str
+    version: int
+    device: object  # LitServe's device for it: "cpu", "cuda:0", or a list of them
+    process: BaseProcess
+    entry: object  # the LitAPI it runs
+
+
+@dataclass
+class ServedVersion:
+    plan: VersionPlan
+    workers: list[Worker] = field(default_factory=list)
+
+    def route(self) -> VersionRoute:
+        return VersionRoute(
+            self.plan.name, self.plan.version, tuple(w.worker_id for w in self.workers), self.plan.serve_plan.model
+        )
+
+
+@dataclass(frozen=True)
+class WorkerHooks:
+    """What the pool needs of LitServe (service/supervisor/server.py binds them)."""
+
+    spawn: Callable[[object, int, object], BaseProcess]  # (LitAPI, worker id, device) -> started process
+    states: Callable[[], dict[int, str]]  # worker id -> setup state
+    set_state: Callable[[int, str | None], None]  # None removes it
+    make_entry: Callable[[VersionPlan], object]  # the LitAPI of a planned version
+    device_slots: Callable[[int], list[object]]  # workers per device -> one device per worker
+
+
+class WorkerSet:
+    """The worker processes by served version, and those draining; one job: their lifecycle."""
+
+    def __init__(
+        self, settings: ServeSettings, channels_directory: str, hooks: WorkerHooks, stopping: threading.Event
+    ) -> None:
+        """``stopping``: set when the server stops; a wait for new workers then ends at once."""
+        self.settings = settings
+        self.channels_directory = channels_directory
+        self.hooks = hooks
+        self.stopping = stopping
+        self.served: dict[str, dict[int, ServedVersion]] = {}
+        self.draining: dict[int, Worker] = {}
+        self._next_worker_id = 0
+        self._lock = threading.RLock()  # the set's state; held briefly, never across a wait
+
+    # -- which versions serve ----------------------------------------------------------------------
+    def serving(self) -> list[Worker]:
+        """Every worker of every served version."""
+        with self._lock:
+            return [w for versions in self.served.values() for v in versions.values() for w in v.workers]
+
+    def processes(self) -> list[BaseProcess]:
+        with self._lock:
+            return [w.process for w in self.serving()] + [w.process for w in self.draining.values()]
+
+    def versions(self) -> dict[str, set[int]]:
+        """Model name -> the version numbers it serves."""
+        with self._lock:
+            return {name: set(versions) for name, versions in self.served.items()}
+
+    def routes(self) -> tuple[dict[str, dict[int, VersionRoute]], tuple[int, ...]]:
+        """The routing table's content: the served versions' routes, and the draining worker ids."""
+        with self._lock:
+            models = {
+                name: {number: version.route() for number, version in versions.items()}
+                for name, versions in self.served.items()
+                if versions
+            }
+            return models, tuple(sorted(self.draining))
+
+    def add(self, version: ServedVersion) -> None:
+        """Serve ``version`` beside the model's others (the first versions, at launch)."""
+        with self._lock:
+            self.served.setdefault(version.plan.name, {})[version.plan.version] = version
+
+    def replace(self, name: str, new: list[ServedVersion]) -> list[Worker]:
+        """Serve ``new`` instead of ``name``'s versions (none: unload it); returns the old ones'
+        workers, now draining: they get no new requests once the table is published."""
+        with self._lock:
+            old = self.served.pop(name, {})
+            if new:
+                self.served[name] = {version.plan.version: version for version in new}
+            retired = [w for version in old.values() for w in version.workers]
+            self.draining.update({w.worker_id: w for w in retired})
+            return retired
+
+    # -- worker processes --------------------------------------------------------------------------
+    def launch(self, plan: VersionPlan) -> ServedVersion:
+        """Start ``plan``'s workers (not yet served: ``add`` or ``replace`` does that)."""
+        version = ServedVersion(plan)
+        entry = self.hooks.make_entry(plan)
+        with self._lock:
+            for device in self.hooks.device_slots(plan.serve_plan.settings.workers_per_device):
+                worker_id = self._next_worker_id
+                self._next_worker_id += 1
+                process = self.hooks.spawn(entry, worker_id, device)
+                version.workers.append(Worker(worker_id, plan.name, plan.version, device, process, entry))
+        logger.info(
+            "Started %d worker(s) for model %s version %d: ids %s.",
+            len(version.workers),
+            plan.name,
+            plan.version,
+            ", ".join(str(w.worker_id) for w in version.workers),
+        )
+        return version
+
+    def wait_ready(self, workers: list[Worker], timeout_s: float) -> str:
+        """ "" once every worker is ready; else why not (its setup error, its death, the timeout)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            states = self.hooks.states()
+            for worker in workers:
+                state = states.get(worker.worker_id)
+                if state == ERROR or (state != READY and not worker.process.is_alive()):
+                    return f"version {worker.version} could not be loaded: {self._setup_error(worker)}"
+            if all(states.get(w.worker_id) == READY for w in workers):
+                return ""
+            if self.stopping.is_set():
+                return "the server is stopping."
+            if time.monotonic() >= deadline:
+                return f"its workers were not ready within --load-timeout-s {self.settings.load_timeout_s:g} s."
+            time.sleep(POLL_INTERVAL_S)
+
+    def _setup_error(self, worker: Worker) -> str:
+        path = setup_error_path(self.channels_directory, worker.worker_id)
+        try:
+            return path.read_text().strip() + "."
+        except OSError:
+            return f"its worker exited with code {worker.process.exitcode} while loading (see the server log)."
+
+    def drain(self, workers: list[Worker]) -> None:
+        """Wait for each worker to exit once it answered everything; stop those that outlive the
+        request deadline; then forget them (``stop``)."""
+        deadline = time.monotonic() + self.settings.request_timeout_s + DRAIN_GRACE_S
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        crashed = [w for w in workers if not w.process.is_alive() and w.process.exitcode != 0]
+        if crashed:
+            # It died instead of draining: marked failed for a few polls, so that each HTTP process
+            # answers what it still held with a retry-safe 503 instead of waiting for the deadline.
+            for worker in crashed:
+                self.hooks.set_state(worker.worker_id, ERROR)
+            time.sleep(CRASH_NOTICE_S)
+        late = [w for w in workers if w.process.is_alive()]
+        if late:
+            logger.warning(
+                "Worker(s) %s still held requests %.0f s after their version was retired; stopping them.",
+                ", ".join(str(w.worker_id) for w in late),
+                self.settings.request_timeout_s + DRAIN_GRACE_S,
+            )
+        self.stop(workers)
+
+    def stop(self, workers: list[Worker]) -> None:
+        """Terminate (then kill) ``workers`` and forget them; the caller publishes the table after,
+        so that the HTTP processes close their sockets to them."""
+        for worker in workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
+        for worker in workers:
+            worker.process.join(5.0)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        with self._lock:
+            for worker in workers:
+                self.draining.pop(worker.worker_id, None)
+                self.hooks.set_state(worker.worker_id, None)
+                with contextlib.suppress(OSError):
+                    setup_error_path(self.channels_directory, worker.worker_id).unlink(missing_ok=True)
