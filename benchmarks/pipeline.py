@@ -2,7 +2,7 @@
 
     python -m benchmarks.pipeline                   # stand-in stages, then the real models on this CPU
 
-The real worker loop (service/worker/loop.py) reads a real request channel in this process, with
+The real worker loop's pieces (service/worker/loop.py) read a real request channel in this process, with
 ``pipeline_depth`` 1 (prepare, then predict, then the next batch) and 2 (a thread prepares the next
 batch while this one runs). Requests are all queued up front, so every batch is full.
 
@@ -30,11 +30,14 @@ from pathlib import Path
 
 import zmq
 
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.images import IMAGENET_SIZE, photo_jpegs
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from service.transport.channels import ChannelConfig, WorkerChannel
+from service.tune.images import IMAGENET_SIZE, photo_jpegs
 from service.wire import Answer, ImageRequest, RequestBatch
-from service.worker.loop import BatchedModel, BatchPolicy, GreedyBatchedLoop
+from service.worker.collector import BatchCollector
+from service.worker.contract import BatchedModel, BatchPolicy
+from service.worker.pipeline import PipelinedRunner
+from service.worker.runner import BatchRunner
 
 BATCH = 8
 STAND_IN_CASES_MS = ((20.0, 20.0), (10.0, 30.0), (30.0, 10.0))
@@ -64,7 +67,7 @@ class StandInModel:
 def images_per_second(model: BatchedModel, requests: list[ImageRequest], depth: int) -> float:
     """All ``requests`` queued, the loop started; the rate at which their answers come back."""
     with tempfile.TemporaryDirectory(prefix="pipeline-") as tmp:
-        config = ChannelConfig(tmp, api_servers=1, workers=1)
+        config = ChannelConfig(tmp, api_servers=1)
         context = zmq.Context()
         answers = context.socket(zmq.PULL)
         answers.bind(config.answer_address(0))
@@ -74,17 +77,20 @@ def images_per_second(model: BatchedModel, requests: list[ImageRequest], depth: 
         for uid, request in enumerate(requests):
             sender.send(pickle.dumps(RequestBatch(0, [uid], [request])))
         time.sleep(0.2)  # let the local socket deliver them all before the clock starts
-        loop = GreedyBatchedLoop(config, BatchPolicy(BATCH, 0.0, 600.0, depth))
+        collector = BatchCollector(worker, BatchPolicy(BATCH, 0.0, 600.0, depth))
+        runner = BatchRunner(model, worker, 0)
         stop = threading.Event()
         if depth > 1:
-            thread = threading.Thread(target=loop.serve_pipelined, args=(model, worker, 0, stop), daemon=True)
+            thread = threading.Thread(
+                target=PipelinedRunner(collector, runner, depth - 1).serve, args=(stop,), daemon=True
+            )
         else:
 
             def sequential() -> None:
                 while not stop.is_set():
-                    batch = loop.get_batch(worker)
+                    batch = collector.get_batch()
                     if batch:
-                        loop.run_batch(model, worker, 0, batch)
+                        runner.run_batch(batch)
 
             thread = threading.Thread(target=sequential, daemon=True)
         started = time.perf_counter()

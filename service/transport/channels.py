@@ -21,7 +21,7 @@ Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests ar
 Messages are the pickled types of service/wire.py: ``RequestBatch`` one way, ``AnswerBatch`` the
 other.
 
-Workers come and go with model loads (service/supervisor/models.py): an HTTP process connects to a
+Workers come and go with model loads (service/supervisor/pool/workers.py): an HTTP process connects to a
 worker on its first request, and ``retire`` sends a worker the final message after everything else
 this process sent it, so the worker can tell when it has answered all it will ever get (``drained``).
 """
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from service._defaults import RETRY_AFTER_S
-from service.wire import Answer, AnswerBatch, ImageRequest, QueuedRequest, RequestBatch, error_answer
+from service.errors import Overloaded
+from service.wire import Answer, AnswerBatch, ImageRequest, QueuedRequest, RequestBatch, answer_for
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +57,10 @@ class ChannelConfig:
 
     directory: str
     api_servers: int
-    workers: int
 
     @classmethod
-    def create(cls, api_servers: int, workers: int) -> ChannelConfig:
-        return cls(tempfile.mkdtemp(prefix="vision-serve-ipc-"), api_servers, workers)
+    def create(cls, api_servers: int) -> ChannelConfig:
+        return cls(tempfile.mkdtemp(prefix="vision-serve-ipc-"), api_servers)
 
     def request_address(self, worker_id: int) -> str:
         return f"ipc://{self.directory}/requests-{worker_id}"
@@ -143,36 +142,56 @@ class WorkerChannel:
         self._context.destroy(linger=linger_ms)
 
 
+class WorkerSockets:
+    """An HTTP process's request sockets, one per worker id, made on first use (workers start and
+    stop with model loads), each in a ZeroMQ context of its own: see ``close``."""
+
+    def __init__(self, config: ChannelConfig) -> None:
+        self._config = config
+        self._sockets: dict[int, zmq.Socket] = {}
+
+    def __getitem__(self, worker_id: int) -> zmq.Socket:
+        socket = self._sockets.get(worker_id)
+        if socket is None:
+            socket = self._sockets[worker_id] = zmq.Context().socket(zmq.PUSH)
+            socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(self._config.request_address(worker_id))
+        return socket
+
+    def close(self, worker_id: int) -> None:
+        """Close the socket to ``worker_id`` and discard what is queued in it, before returning.
+
+        ``zmq_close`` alone only hands the socket to its context's reaper thread: until that thread
+        gets to it, the socket's connection keeps retrying the worker's address (every 100 ms), and a
+        restarted worker that binds in that window receives the queued requests. So each worker's
+        socket has a context of its own, and terminating that context waits until the socket and its
+        queue are gone. A restarted worker binds only once it is ready, after this process has seen
+        it not ready and purged here (service/http/base/worker_watch.py).
+        """
+        socket = self._sockets.pop(worker_id, None)
+        if socket is not None:
+            socket.context.destroy(linger=0)
+
+    def close_all(self) -> None:
+        for worker_id in list(self._sockets):
+            self.close(worker_id)
+
+
 class ApiChannel:
     """The HTTP process's end: sends requests to a worker of its choice, awaits their answers."""
 
     def __init__(self, config: ChannelConfig, api_server: int) -> None:
         self.api_server = api_server
-        self._config = config
-        self._sync_context = zmq.Context()
         self._async_context = zmq.asyncio.Context()
         self._answers = self._async_context.socket(zmq.PULL)
         self._answers.bind(config.answer_address(api_server))
-        # By worker id, made on first use: workers start and stop with model loads.
-        self._requests: dict[int, zmq.Socket] = {}
+        self._requests = WorkerSockets(config)
         self._pending: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
         self._unanswered: defaultdict[int, int] = defaultdict(int)
         self._outbox: dict[int, RequestBatch] = {}
         self._retired: set[int] = set()
         self._flush_scheduled = False
-
-    def _connect(self, worker_id: int) -> zmq.Socket:
-        socket = self._sync_context.socket(zmq.PUSH)
-        socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(self._config.request_address(worker_id))
-        return socket
-
-    def _socket(self, worker_id: int) -> zmq.Socket:
-        socket = self._requests.get(worker_id)
-        if socket is None:
-            socket = self._requests[worker_id] = self._connect(worker_id)
-        return socket
 
     def pick_worker(self, ready: Collection[int]) -> int | None:
         """The ready worker with the fewest of this process's requests unanswered."""
@@ -203,12 +222,12 @@ class ApiChannel:
         outboxes, self._outbox = self._outbox, {}
         for worker_id, outbox in outboxes.items():
             try:
-                self._socket(worker_id).send(pickle.dumps(outbox, PICKLE_PROTOCOL), zmq.NOBLOCK)
+                self._requests[worker_id].send(pickle.dumps(outbox, PICKLE_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
-                overloaded = error_answer(
-                    503,
-                    f"The server is overloaded (inference worker {worker_id} is not reading its requests); retry.",
-                    retry_after_s=RETRY_AFTER_S,
+                overloaded = answer_for(
+                    Overloaded(
+                        f"The server is overloaded (inference worker {worker_id} is not reading its requests); retry."
+                    )
                 )
                 for uid in outbox.uids:
                     self._settle(uid, overloaded)
@@ -222,15 +241,13 @@ class ApiChannel:
         self.flush()
         final = RequestBatch(self.api_server, [], [], final=True)
         try:
-            self._socket(worker_id).send(pickle.dumps(final, PICKLE_PROTOCOL), zmq.NOBLOCK)
+            self._requests[worker_id].send(pickle.dumps(final, PICKLE_PROTOCOL), zmq.NOBLOCK)
         except zmq.Again:
             logger.warning("Inference worker %d does not read; it will be stopped at its drain deadline.", worker_id)
 
     def drop_worker(self, worker_id: int) -> None:
         """``worker_id`` is gone for good: close its socket."""
-        socket = self._requests.pop(worker_id, None)
-        if socket is not None:
-            socket.close(linger=0)
+        self._requests.close(worker_id)
         self._unanswered.pop(worker_id, None)
         self._retired.discard(worker_id)
 
@@ -247,10 +264,10 @@ class ApiChannel:
         for uid in held:
             self._settle(uid, answer)
         self._outbox.pop(worker_id, None)
-        if held and worker_id in self._requests:
+        if held:
             # Requests still queued in the pipe would otherwise reach the restarted worker and run
             # for clients that already have their 503.
-            self._requests.pop(worker_id).close(linger=0)
+            self._requests.close(worker_id)
         return len(held)
 
     async def receive_answers(self) -> None:
@@ -280,4 +297,4 @@ class ApiChannel:
 
     def close(self) -> None:
         self._async_context.destroy(linger=0)
-        self._sync_context.destroy(linger=0)
+        self._requests.close_all()

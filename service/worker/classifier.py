@@ -23,7 +23,7 @@ from preprocessing import ImageError, PreparedBatch, Preprocessor, create_prepro
 from preprocessing.device_health import unusable_device
 from service.heap import HeapTrimmer
 from service.metrics import metrics, record_gpu_memory
-from service.settings import ServeSettings, resolve_pipeline_depth
+from service.settings import ServeSettings
 from service.wire import Answer, ImageRequest
 from service.worker.engine import (
     ENGINE_EAGER,
@@ -105,7 +105,7 @@ class Classifier:
         self.device = device
         # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
         # that work goes on a stream of its own, so it overlaps the engine's (service/worker/loop.py).
-        self.pipelined = resolve_pipeline_depth(settings.pipeline_depth, device.type) > 1
+        self.pipelined = settings.pipeline_depth > 1  # the plan resolved it (service/supervisor/planning/)
         on_gpu = device.type == "cuda"
         self.prepare_stream = torch.cuda.Stream(device) if self.pipelined and on_gpu else None
         self.heap_trimmer = HeapTrimmer()

@@ -31,7 +31,7 @@ def setup_error_path(directory: str, worker_id: int) -> Path:
 
 
 def record_setup_error(loop: object, error: BaseException) -> None:
-    """Write why this worker's setup failed beside its channels (service/supervisor/models.py reads it)."""
+    """Write why this worker's setup failed beside its channels (service/supervisor/pool/workers.py reads it)."""
     channels = getattr(loop, "channels", None)
     worker_id = os.environ.get("LITSERVE_WORKER_ID")  # LitServe sets it before setup
     if channels is None or worker_id is None:

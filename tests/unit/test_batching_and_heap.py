@@ -1,7 +1,8 @@
-"""The worker's batch collection (greedy, blocking, optional window) and the idle-time heap trimmer.
+"""The worker's batch collection (greedy, blocking, optional window), the running and answering of
+batches (one at a time and pipelined), and the idle-time heap trimmer.
 
-The loop reads a real ``WorkerChannel`` (service/transport/channels.py); the test sends requests into it and
-reads the answers over ZeroMQ sockets, as an HTTP process would. Only the model stands in.
+The loop's pieces read a real ``WorkerChannel`` (service/transport/channels.py); the test sends requests into
+it and reads the answers over ZeroMQ sockets, as an HTTP process would. Only the model stands in.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from service.heap import IDLE_BEFORE_TRIM_S, MAX_TRIM_GAP_S, HeapTrimmer
 from service.metrics import metrics
 from service.transport.channels import ChannelConfig, WorkerChannel
 from service.wire import Answer, ImageRequest, QueuedRequest, RequestBatch
-from service.worker import loop as batching
-from service.worker.loop import MODEL_FAILED, BatchPolicy, GreedyBatchedLoop
+from service.worker import collector as collecting
+from service.worker.collector import BatchCollector
+from service.worker.contract import BatchPolicy
+from service.worker.loop import GreedyBatchedLoop
+from service.worker.pipeline import PipelinedRunner
+from service.worker.runner import DEVICE_FAILED, EXIT_DEVICE_UNUSABLE, MODEL_FAILED, BatchRunner
 
-DELIVERY_S = 0.2  # what a local socket needs, with room, to deliver what was sent
+DELIVERY_TIMEOUT_S = 5.0  # far more than a local socket needs to deliver what was sent
 
 
 @dataclass
@@ -33,14 +38,31 @@ class Wire:
     worker: WorkerChannel
     sender: zmq.Socket
     answers: zmq.Socket
+    in_transit: int = 0  # requests sent that the worker's channel may not hold yet
 
     def put(self, n: int, start: int = 0, queued_at: float | None = None, wait: bool = True) -> None:
+        """Send ``n`` requests, one per message; ``wait``: until the worker holds all sent so far."""
         for i in range(start, start + n):
             at = time.monotonic() if queued_at is None else queued_at
             request = ImageRequest(f"request-{i}".encode(), queued_at=at)
             self.sender.send(pickle.dumps(RequestBatch(0, [f"uid-{i}"], [request])))  # one per message
+        self.in_transit += n
         if wait:
-            time.sleep(DELIVERY_S)
+            self.wait_delivered()
+
+    def wait_delivered(self) -> None:
+        """Until the worker's channel holds every request sent, as requests that queued while its
+        model was busy would be: taken off the socket as they arrive and put back in order, so a
+        batch then finds them without waiting (a fixed sleep would be a guess at delivery time)."""
+        received = self.worker._received
+        held = list(received)
+        received.clear()
+        for _ in range(self.in_transit):
+            queued = self.worker.receive(DELIVERY_TIMEOUT_S)
+            assert queued is not None, f"a request was not delivered within {DELIVERY_TIMEOUT_S} s"
+            held.append(queued)
+        received.extend(held)
+        self.in_transit = 0
 
     def answered(self, timeout_s: float = 5.0) -> list[tuple[str, Answer]]:
         """(uid, answer) pairs, as they came back."""
@@ -53,7 +75,7 @@ class Wire:
 
 @pytest.fixture
 def wire(tmp_path: Path) -> Iterator[Wire]:
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
     context = zmq.Context()
     answers = context.socket(zmq.PULL)
     answers.bind(config.answer_address(0))
@@ -65,11 +87,10 @@ def wire(tmp_path: Path) -> Iterator[Wire]:
     context.destroy(linger=0)
 
 
-def _loop(
-    max_batch_size: int = 4, batch_timeout_s: float = 0.0, request_timeout_s: float = 30.0, **kw
-) -> GreedyBatchedLoop:
-    policy = BatchPolicy(max_batch_size, batch_timeout_s, request_timeout_s, kw.pop("pipeline_depth", 1))
-    return GreedyBatchedLoop(ChannelConfig("unused", 1, 1), policy, **kw)
+def _collector(
+    wire: Wire, max_batch_size: int = 4, batch_timeout_s: float = 0.0, request_timeout_s: float = 30.0
+) -> BatchCollector:
+    return BatchCollector(wire.worker, BatchPolicy(max_batch_size, batch_timeout_s, request_timeout_s))
 
 
 def contents(batch: list[QueuedRequest]) -> list[tuple[int, str, bytes]]:
@@ -79,31 +100,31 @@ def contents(batch: list[QueuedRequest]) -> list[tuple[int, str, bytes]]:
 def test_takes_what_is_queued_without_waiting(wire: Wire) -> None:
     wire.put(3)
     started = time.monotonic()
-    batch = _loop().get_batch(wire.worker)
+    batch = _collector(wire).get_batch()
     assert time.monotonic() - started < 0.5  # no window: it did not wait for a 4th
     assert contents(batch) == [(0, f"uid-{i}", f"request-{i}".encode()) for i in range(3)]
 
 
 def test_never_exceeds_the_max_batch_size(wire: Wire) -> None:
     wire.put(6)
-    loop = _loop(max_batch_size=4)
-    assert len(loop.get_batch(wire.worker)) == 4
-    assert len(loop.get_batch(wire.worker)) == 2, "the rest waits for the next batch"
+    collector = _collector(wire, max_batch_size=4)
+    assert len(collector.get_batch()) == 4
+    assert len(collector.get_batch()) == 2, "the rest waits for the next batch"
 
 
 def test_a_window_waits_for_late_arrivals_and_then_stops(wire: Wire) -> None:
     wire.put(1)
     threading.Timer(0.1, wire.put, (1, 1), {"wait": False}).start()
     started = time.monotonic()
-    batch = _loop(batch_timeout_s=0.5).get_batch(wire.worker)
+    batch = _collector(wire, batch_timeout_s=0.5).get_batch()
     elapsed = time.monotonic() - started
     assert [m.request.image for m in batch] == [b"request-0", b"request-1"]
     assert 0.45 <= elapsed < 2.0  # the window runs from the first request; nothing else came
 
 
 def test_an_idle_channel_returns_empty_after_the_idle_wait(wire: Wire, monkeypatch) -> None:
-    monkeypatch.setattr(batching, "IDLE_WAIT_S", 0.05)
-    assert _loop().get_batch(wire.worker) == []
+    monkeypatch.setattr(collecting, "IDLE_WAIT_S", 0.05)
+    assert _collector(wire).get_batch() == []
 
 
 def expired_count() -> float:
@@ -111,15 +132,15 @@ def expired_count() -> float:
 
 
 def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplog) -> None:
-    loop = _loop(request_timeout_s=30)
+    collector = _collector(wire, request_timeout_s=30)
     before = expired_count()
     for _ in range(2):  # two rounds: the second drop is counted but not logged again so soon
         wire.put(1, queued_at=time.monotonic() - 60, wait=False)
         wire.put(1, start=1)
-        assert [m.uid for m in loop.get_batch(wire.worker)] == ["uid-1"]
+        assert [m.uid for m in collector.get_batch()] == ["uid-1"]
     assert [(uid, answer.status_code) for uid, answer in wire.answered()] == [("uid-0", 504), ("uid-0", 504)]
     assert expired_count() == before + 2
-    dropped = [r for r in caplog.records if r.name == "service.worker.loop" and "Dropped" in r.getMessage()]
+    dropped = [r for r in caplog.records if r.name == "service.worker.collector" and "Dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING"
 
 
@@ -150,8 +171,7 @@ class EchoModel:
 
 def test_each_request_of_a_batch_gets_its_own_answer(wire: Wire) -> None:
     wire.put(3)
-    loop, model = _loop(max_batch_size=8), EchoModel()
-    loop.run_batch(model, wire.worker, 0, loop.get_batch(wire.worker))
+    BatchRunner(EchoModel(), wire.worker, 0).run_batch(_collector(wire, max_batch_size=8).get_batch())
     assert [(uid, answer.predictions[0][1]) for uid, answer in wire.answered()] == [
         (f"uid-{i}", f"request-{i}") for i in range(3)
     ]
@@ -162,13 +182,13 @@ def test_each_request_of_a_batch_gets_its_own_answer(wire: Wire) -> None:
 )
 def test_a_failed_batch_answers_every_request_500_and_the_loop_goes_on(wire: Wire, model: EchoModel, caplog) -> None:
     wire.put(2)
-    loop = _loop(max_batch_size=8, running=[5])
-    loop.run_batch(model, wire.worker, 0, loop.get_batch(wire.worker))
+    runner = BatchRunner(model, wire.worker, 0, running=[5])
+    runner.run_batch(_collector(wire, max_batch_size=8).get_batch())
     assert [(uid, a.status_code, a.detail) for uid, a in wire.answered()] == [
         ("uid-0", 500, MODEL_FAILED),
         ("uid-1", 500, MODEL_FAILED),
     ]
-    assert loop.running == [0], "the running-batch count is cleared after a failure too"
+    assert runner.running == [0], "the running-batch count is cleared after a failure too"
     assert any("The model failed on a batch of 2" in r.getMessage() for r in caplog.records)
 
 
@@ -177,7 +197,7 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
     """A sticky CUDA error (injected: no GPU here) must not be swallowed: a worker that went on would
     answer 500 forever. The batch gets a retry-safe 503, nothing else runs on the broken device, and
     the worker exits with its code, which the main process answers with a new worker."""
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
     context = zmq.Context()
     answers = context.socket(zmq.PULL)
     answers.bind(config.answer_address(0))
@@ -198,9 +218,9 @@ def test_a_batch_that_broke_the_device_is_answered_503_and_the_worker_exits_for_
         answered = list(zip(batch.uids, batch.answers, strict=True))
     finally:
         context.destroy(linger=0)
-    assert exits == [batching.EXIT_DEVICE_UNUSABLE]
+    assert exits == [EXIT_DEVICE_UNUSABLE]
     assert [(uid, a.status_code, a.retry_after_s) for uid, a in answered] == [("uid-0", 503, 1), ("uid-1", 503, 1)]
-    assert answered[0][1].detail == batching.DEVICE_FAILED
+    assert answered[0][1].detail == DEVICE_FAILED
     # The batch after it may have been prepared (depth 2) but never ran: its requests are answered
     # 503 by the HTTP process when it sees the worker restart (service/http/base/worker_watch.py).
     assert model.ran == 1
@@ -248,10 +268,21 @@ def _wait_for(condition, seconds: float = 5.0) -> bool:
 
 def test_the_thread_trims_after_warm_up_and_after_each_burst_of_work() -> None:
     trim = CountingTrim()
-    trimmer = HeapTrimmer(trim).start()
+    trimmer = HeapTrimmer(trim)
+    checked_at: list[float] = []
+    trim_if_due = trimmer.trim_if_due
+
+    def checking(now: float) -> bool:
+        checked_at.append(now)
+        return trim_if_due(now)
+
+    trimmer.trim_if_due = checking
+    trimmer.start()
     try:
         assert _wait_for(lambda: trim.calls == 1)  # what setup and warm-up freed
-        time.sleep(3 * IDLE_BEFORE_TRIM_S)
+        trimmed_by = time.monotonic()
+        # The thread checked again after a pause long enough for a trim, had anything run since.
+        assert _wait_for(lambda: checked_at[-1] >= trimmed_by + IDLE_BEFORE_TRIM_S)
         assert trim.calls == 1  # idle and nothing new: no trim
         with trimmer.busy():
             pass
@@ -282,8 +313,9 @@ class PrepareFailsOn(EchoModel):
 
 def test_the_pipelined_loop_answers_every_request_and_survives_a_failed_prepare(wire: Wire) -> None:
     wire.put(6)
-    loop, stop = _loop(max_batch_size=2, pipeline_depth=2, running=[0]), threading.Event()
-    thread = threading.Thread(target=loop.serve_pipelined, args=(PrepareFailsOn(b"request-3"), wire.worker, 0, stop))
+    runner = BatchRunner(PrepareFailsOn(b"request-3"), wire.worker, 0, running=[0])
+    pipeline, stop = PipelinedRunner(_collector(wire, max_batch_size=2), runner, ahead=1), threading.Event()
+    thread = threading.Thread(target=pipeline.serve, args=(stop,))
     thread.start()
     try:
         answers = {}

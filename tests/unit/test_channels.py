@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def answer_for(request: ImageRequest) -> Answer:
 
 
 def test_a_request_reaches_the_chosen_worker_and_its_answer_comes_back(tmp_path: Path) -> None:
-    config = ChannelConfig(str(tmp_path), api_servers=2, workers=2)
+    config = ChannelConfig(str(tmp_path), api_servers=2)
 
     async def scenario() -> None:
         api = ApiChannel(config, api_server=1)
@@ -49,7 +50,7 @@ def test_a_request_reaches_the_chosen_worker_and_its_answer_comes_back(tmp_path:
 
 def test_the_least_busy_ready_worker_is_picked(tmp_path: Path) -> None:
     async def scenario() -> None:
-        api = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=3), 0)
+        api = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
         assert api.pick_worker([]) is None
         assert api.pick_worker([0, 1, 2]) == 0
         api.submit(0, 1, ImageRequest(b"x"))
@@ -65,7 +66,7 @@ def test_the_least_busy_ready_worker_is_picked(tmp_path: Path) -> None:
 
 
 def test_a_late_answer_for_a_forgotten_request_is_dropped(tmp_path: Path) -> None:
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
 
     async def scenario() -> None:
         api = ApiChannel(config, 0)
@@ -89,7 +90,7 @@ def test_a_late_answer_for_a_forgotten_request_is_dropped(tmp_path: Path) -> Non
 
 
 def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_path: Path) -> None:
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
 
     async def scenario() -> None:
         api = ApiChannel(config, 0)
@@ -98,7 +99,11 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
         held = [api.submit(0, i, ImageRequest(b"x")) for i in range(3)]
         await asyncio.sleep(0)
         assert 0 not in api._outbox, "sent: the purge must reach the pipe, not only the outbox"
+        queued_in = api._requests[0]
         assert api.fail_worker(0, error_answer(503, "worker died")) == 3
+        # Gone when fail_worker returns, not later in a reaper thread: a worker that binds after this
+        # can never be reached by that socket's queue (it once was, under load).
+        assert queued_in.closed and queued_in.context.closed
         assert [f.result().status_code for f in held] == [503, 503, 503]
         assert api.pick_worker([0]) == 0 and api.fail_worker(0, error_answer(503, "again")) == 0
         restarted = WorkerChannel(config, 0)
@@ -119,7 +124,7 @@ def test_requests_to_a_worker_that_stopped_reading_are_answered_503(
     from service.transport import channels
 
     monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
 
     async def scenario() -> None:
         api = ApiChannel(config, 0)
@@ -139,7 +144,7 @@ def test_requests_to_a_worker_that_stopped_reading_are_answered_503(
 
 
 def test_requests_submitted_in_one_turn_of_the_loop_travel_as_one_message(tmp_path: Path) -> None:
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
 
     async def scenario() -> None:
         api = ApiChannel(config, 0)
@@ -164,7 +169,7 @@ def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Pa
     from service.transport import channels
 
     monkeypatch.setattr(channels, "SEND_HIGH_WATER_MARK", 2)
-    worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1, workers=1), 0)
+    worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
     started = time.monotonic()
     for i in range(100):  # nobody binds answers-0
         worker.answer(QueuedRequest(0, i, ImageRequest(b"")), error_answer(504, "late"))
@@ -174,13 +179,14 @@ def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Pa
 
 @pytest.mark.parametrize("pipeline_depth", [1, 2])
 def test_a_retired_worker_answers_everything_sent_before_the_final_messages_then_its_loop_ends(
-    tmp_path: Path, pipeline_depth: int
+    tmp_path: Path, pipeline_depth: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A replaced version's worker: each HTTP process sends its last requests, then ``retire``; the
     worker's loop answers all of them and returns (the process then exits)."""
-    from service.worker.loop import BatchPolicy, GreedyBatchedLoop
+    from service.worker import loop as worker_loop
+    from service.worker.contract import BatchPolicy
 
-    config = ChannelConfig(str(tmp_path), api_servers=2, workers=1)
+    config = ChannelConfig(str(tmp_path), api_servers=2)
 
     class Echo:
         def prepare(self, requests):
@@ -192,15 +198,29 @@ def test_a_retired_worker_answers_everything_sent_before_the_final_messages_then
         def unusable_device(self):
             return None
 
+    one_final_and_not_drained = threading.Event()
+
+    class WatchedChannel(WorkerChannel):
+        """Tells when the loop learnt that one HTTP process is done and still found itself not drained."""
+
+        @property
+        def drained(self) -> bool:
+            drained = super().drained
+            if self._finished and not drained:
+                one_final_and_not_drained.set()
+            return drained
+
+    monkeypatch.setattr(worker_loop, "WorkerChannel", WatchedChannel)
+
     async def scenario() -> None:
         apis = [ApiChannel(config, api_server) for api_server in range(2)]
         receiving = [asyncio.create_task(api.receive_answers()) for api in apis]
-        loop = GreedyBatchedLoop(config, BatchPolicy(max_batch_size=2, pipeline_depth=pipeline_depth))
+        loop = worker_loop.GreedyBatchedLoop(config, BatchPolicy(max_batch_size=2, pipeline_depth=pipeline_depth))
         serving = asyncio.create_task(asyncio.to_thread(loop.serve, Echo(), 0))
         try:
             futures = [apis[i % 2].submit(0, i, ImageRequest(f"img{i}".encode())) for i in range(7)]
             apis[0].retire(0)
-            await asyncio.sleep(0.3)
+            assert await asyncio.to_thread(one_final_and_not_drained.wait, TIMEOUT_S)
             assert not serving.done(), "one HTTP process may still send: the worker must wait for both"
             futures.append(apis[1].submit(0, 99, ImageRequest(b"last")))
             apis[1].retire(0)

@@ -19,7 +19,7 @@ TIMEOUT_S = 5.0
 def dispatcher_with(
     tmp_path: Path, workers: int, limit: int = 16
 ) -> tuple[ImageDispatcher, ApiChannel, list[WorkerChannel]]:
-    config = ChannelConfig(str(tmp_path), api_servers=1, workers=workers)
+    config = ChannelConfig(str(tmp_path), api_servers=1)
     channel = ApiChannel(config, 0)
     watch = WorkerWatch(lambda: dict.fromkeys(range(workers), READY), channel)
     watch.refresh()

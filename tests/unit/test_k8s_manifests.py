@@ -318,7 +318,7 @@ def server_routes() -> set[str]:
     from service.transport.channels import ChannelConfig
 
     model = ModelInfo("m", "w", "e", "pil", "", {}, "", "cpu", 8, 0.0)
-    frontend = HttpFrontEnd(ServeSettings(), model, ChannelConfig("unused", 1, 1), dict, [0], "test")
+    frontend = HttpFrontEnd(ServeSettings(), model, ChannelConfig("unused", 1), dict, [0], "test")
     app = FastAPI()
     register_routes(app, frontend, "/predict", {})
     return {route.path for route in app.routes}

@@ -1,0 +1,104 @@
+"""How the inference worker takes a batch from its request channel, and drops the requests whose
+deadline passed while they queued.
+
+LitServe 0.2.19's batched loop polls: it asks its queue for one request with a 1 ms timeout, over
+and over, until the batch window ends, and each ask is a round trip to a multiprocessing manager.
+``BatchCollector`` blocks on the first request instead (service/transport/channels.py: a socket of
+its own), then takes whatever else is already queued without waiting, and only then waits out the
+batch window (``--batch-timeout-ms``) if the batch is not full. With the default window of 0 that is
+greedy batching: an idle server runs a lone request at once, and under load batches fill from the
+requests that queued while the model was busy.
+
+Requests whose deadline passed while queued are answered 504 here and left out of the batch;
+``ExpiredRequestLog`` counts them in ``vision_serve_requests_expired_total`` and logs them as one
+summary line at most every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from service.errors import DeadlineExceeded
+from service.metrics import metrics
+from service.transport.channels import WorkerChannel
+from service.wire import QueuedRequest, answer_for
+from service.worker.contract import BatchPolicy
+
+logger = logging.getLogger(__name__)
+
+# How long one blocking wait for the first request lasts before the loop goes round again; it
+# wakes at once when a request arrives, so this only bounds idle wake-ups.
+IDLE_WAIT_S = 1.0
+EXPIRED_LOG_INTERVAL_S = 10.0
+
+
+class BatchCollector:
+    """Takes batches of up to ``policy.max_batch_size`` requests from ``channel``."""
+
+    def __init__(self, channel: WorkerChannel, policy: BatchPolicy) -> None:
+        self.channel = channel
+        self.policy = policy
+        self.expired = ExpiredRequestLog(policy.request_timeout_s)
+
+    def get_batch(self) -> list[QueuedRequest]:
+        """Up to ``max_batch_size`` requests; ``[]`` after ``IDLE_WAIT_S`` with none.
+
+        Expired requests are answered 504 here and left out.
+        """
+        channel, policy = self.channel, self.policy
+        batch: list[QueuedRequest] = []
+        expired = 0
+        first_taken = window_ends = None
+        while len(batch) < policy.max_batch_size:
+            if first_taken is None:
+                queued = channel.receive(IDLE_WAIT_S)
+            elif window_ends is None:
+                queued = channel.receive(0)
+            else:
+                remaining = window_ends - time.monotonic()
+                queued = channel.receive(remaining) if remaining > 0 else None
+                if queued is None:
+                    break
+            if queued is None:
+                if first_taken is None:
+                    break  # idle: the caller loops and comes back
+                if window_ends is None and policy.batch_timeout_s > 0:
+                    window_ends = first_taken + policy.batch_timeout_s  # queue drained: now wait out the window
+                    continue
+                break
+            first_taken = first_taken or time.monotonic()
+            queued_at = queued.request.queued_at
+            if queued_at is not None and time.monotonic() - queued_at > policy.request_timeout_s:
+                # Its client already got a 504 from the HTTP process: do not run it.
+                channel.answer(queued, answer_for(DeadlineExceeded("Request timed out")))
+                expired += 1
+            else:
+                batch.append(queued)
+        if expired:
+            self.expired.add(expired)
+        return batch
+
+
+class ExpiredRequestLog:
+    """How many requests were dropped for their deadline: counted in the metric at once, logged as
+    one warning per ``EXPIRED_LOG_INTERVAL_S`` at most (an overload drops many)."""
+
+    def __init__(self, request_timeout_s: float) -> None:
+        self.request_timeout_s = request_timeout_s
+        self._unlogged = 0
+        self._logged_at = 0.0
+
+    def add(self, count: int) -> None:  # from either thread of a pipelined loop: a few ints
+        metrics().requests_expired.inc(count)
+        self._unlogged += count
+        now = time.monotonic()
+        if now - self._logged_at >= EXPIRED_LOG_INTERVAL_S:
+            logger.warning(
+                "Dropped %d request(s) that waited longer than the %g s deadline (--request-timeout-s) before "
+                "running: the server is overloaded. Counted in vision_serve_requests_expired_total.",
+                self._unlogged,
+                self.request_timeout_s,
+            )
+            self._unlogged = 0
+            self._logged_at = now

@@ -1,0 +1,102 @@
+"""How the inference worker runs a batch on its model and answers it.
+
+A batch that fails answers 500 and the worker goes on, unless the failure broke the device itself
+(a sticky CUDA error: every later call would fail too). Then the batch is answered 503 (retry-safe)
+and ``finish`` raises ``DeviceUnusable``: the loop (service/worker/loop.py) ends the process with
+``EXIT_DEVICE_UNUSABLE``, and the main process starts a new worker with a new CUDA context.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableSequence
+from typing import Generic
+
+from preprocessing.errors import DeviceUnusable
+from service.errors import Internal, Unavailable
+from service.transport.channels import WorkerChannel
+from service.wire import QueuedRequest, answer_for
+from service.worker.contract import BatchedModel, Prepared
+
+logger = logging.getLogger(__name__)
+
+MODEL_FAILED = "The model failed on the batch this request was in; see the server log. Retrying may work."
+DEVICE_FAILED = (
+    "The inference worker's device failed on the batch this request was in and the worker is being "
+    "restarted. The request was not completed; retrying it is safe."
+)
+# A worker's exit code when its device broke (sysexits' EX_SOFTWARE); the main process restarts it.
+EXIT_DEVICE_UNUSABLE = 70
+
+
+class BatchRunner(Generic[Prepared]):
+    """Runs ``model`` on the batches taken from ``channel`` and answers them there.
+
+    ``running``: a shared array, per worker the size of the batch it runs now (0 when idle), from
+    which the HTTP processes compute the queue depth; this worker writes its slot.
+    """
+
+    def __init__(
+        self,
+        model: BatchedModel[Prepared],
+        channel: WorkerChannel,
+        worker_id: int,
+        running: MutableSequence[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.channel = channel
+        self.running = running
+        self._slot = worker_id % len(running) if running is not None else 0
+
+    def run_batch(self, batch: list[QueuedRequest]) -> None:
+        """Prepare and run one batch, and answer it (pipeline depth 1)."""
+        self.finish(batch, self.prepare(batch))
+
+    def prepare(self, batch: list[QueuedRequest]) -> Prepared | PrepareFailed:
+        """``model.prepare`` of the requests, or the exception it raised (``finish`` answers it)."""
+        try:
+            return self.model.prepare([queued.request for queued in batch])
+        except Exception as exc:
+            return PrepareFailed(exc)
+
+    def finish(self, batch: list[QueuedRequest], ready: Prepared | PrepareFailed) -> None:
+        """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
+        failure broke the device."""
+        model, running = self.model, self.running
+        if running is not None:
+            running[self._slot] = len(batch)
+        unusable = None
+        try:
+            if isinstance(ready, PrepareFailed):
+                raise ready.error
+            answers = model.run(ready)
+            if len(answers) != len(batch):
+                raise RuntimeError(f"the model gave {len(answers)} answers for {len(batch)} requests")
+        except Exception:
+            unusable = model.unusable_device()
+            if unusable is None:
+                logger.exception("The model failed on a batch of %d request(s); answering each with 500.", len(batch))
+                answers = [answer_for(Internal(MODEL_FAILED))] * len(batch)
+            else:
+                logger.critical(
+                    "The device failed on a batch of %d request(s) and no longer runs work (%s). Answering them "
+                    "with 503 and exiting (code %d) so that a new worker starts with a new device context.",
+                    len(batch),
+                    unusable,
+                    EXIT_DEVICE_UNUSABLE,
+                    exc_info=True,
+                )
+                answers = [answer_for(Unavailable(DEVICE_FAILED))] * len(batch)
+        finally:
+            if running is not None:
+                running[self._slot] = 0
+        self.channel.answer_many(list(zip(batch, answers, strict=True)))
+        if unusable is not None:
+            raise DeviceUnusable(unusable)
+
+
+class PrepareFailed:
+    """What ``prepare`` raised, carried to ``finish`` (maybe on the other thread) to be answered."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
