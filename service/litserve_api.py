@@ -2,7 +2,7 @@
 queues and batched loop), a JSON body ``{"image": "<base64>", "top_k": 5}``, vision-serve's answer.
 
     import litserve as ls
-    from service.settings import ServeSettings
+    from service.settings import ServeSettings, resolve_pipeline_depth
     from service.litserve_api import ClassifierLitAPI
 
     ls.LitServer(ClassifierLitAPI(ServeSettings(model="efficientnet-lite0")), accelerator="cpu").run()
@@ -12,6 +12,8 @@ vision-serve itself does not use it (service/worker/entry.py and loop.py replace
 
 from __future__ import annotations
 
+import dataclasses
+
 import litserve as ls
 from fastapi import HTTPException
 from starlette.responses import Response
@@ -19,7 +21,7 @@ from starlette.responses import Response
 from service.errors import ServiceError
 from service.http.predict.parsing import image_from_json
 from service.http.predict.render import render
-from service.settings import ServeSettings
+from service.settings import ServeSettings, resolve_pipeline_depth
 from service.wire import Answer, ImageRequest
 
 
@@ -32,7 +34,10 @@ class ClassifierLitAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         from service.worker.classifier import Classifier
 
-        self.classifier = Classifier.load(self.settings, device)
+        # vision-serve's planner resolves --pipeline-depth 0; under a plain LitServer nothing else does.
+        accelerator = "cuda" if str(device).startswith("cuda") else "cpu"
+        depth = resolve_pipeline_depth(self.settings.pipeline_depth, accelerator)
+        self.classifier = Classifier.load(dataclasses.replace(self.settings, pipeline_depth=depth), device)
 
     # ``request`` is unannotated on purpose: LitServe reads the annotation to decide what to hand
     # over, and without one it passes the parsed JSON body.

@@ -6,7 +6,7 @@ HTTP process -> worker: a ``RequestBatch`` (the images one HTTP process queued f
 turn of its event loop); the worker takes them one by one as ``QueuedRequest``. Worker -> HTTP
 process: an ``AnswerBatch`` (a batch's answers for that process). One message, and one typed object,
 per batch rather than per image: pickling an object per image is what would cost. The HTTP process
-renders each ``Answer`` in its protocol's form (service/http/predict/render.py, service/oip/).
+renders each ``Answer`` in its protocol's form (service/http/predict/render.py, service/http/oip/).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from service.http.base.limits import RequestLimits
 from service.http.base.worker_watch import WorkerWatch
 from service.metrics import LiveState, LiveStateCollector
 from service.model_info import ModelInfo
-from service.repository.calls import RepositoryCalls
+from service.repository.http_calls import RepositoryCalls
 from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.settings import ServeSettings
 from service.transport.channels import ApiChannel, ChannelConfig

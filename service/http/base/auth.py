@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from starlette.requests import Request
 
-from service.errors import ServiceError
+from service.errors import Unauthorized
 
 
 class ApiKeyAuth:
@@ -43,6 +43,6 @@ class ApiKeyAuth:
     def __call__(self, request: Request) -> None:
         if not self.matches(self.supplied_key(request.headers)):
             # A 401 carries WWW-Authenticate: Bearer in every HTTP protocol (service/errors.py).
-            raise ServiceError(
-                401, f"Missing or wrong {self._what}. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'."
+            raise Unauthorized(
+                f"Missing or wrong {self._what}. Send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'."
             )

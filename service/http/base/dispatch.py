@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from preprocessing.errors import ImageDecodeError
 from preprocessing.probe import check_image_header
 from service._defaults import RETRY_AFTER_S
-from service.errors import ServiceError
+from service.errors import DeadlineExceeded, Overloaded, PayloadTooLarge, ServiceError, Unavailable, error_of_status
 from service.http.base.admission import AdmissionGate
 from service.http.base.worker_watch import WorkerWatch
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.repository.table import VersionRoute
 from service.transport.channels import ApiChannel
-from service.wire import Answer, ImageRequest, answer_for, error_answer
+from service.wire import Answer, ImageRequest, answer_for
 
 
 def check_header(image: bytes, max_image_pixels: int) -> None:
@@ -33,7 +33,7 @@ def check_header(image: bytes, max_image_pixels: int) -> None:
     try:
         check_image_header(image, max_image_pixels)
     except ImageDecodeError as exc:
-        raise ServiceError(exc.error.status_code, exc.error.detail) from None
+        raise error_of_status(exc.error.status_code, exc.error.detail) from None
 
 
 def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
@@ -68,7 +68,7 @@ class ImageDispatcher:
         ``ServiceError`` 404 when it is not loaded, 503 before this process follows a table."""
         watch = self.watch
         if watch is None:
-            raise ServiceError.retry_later("The server is starting; retry shortly.")
+            raise Unavailable("The server is starting; retry shortly.")
         return watch.table.resolve(model, version)
 
     async def classify(
@@ -87,17 +87,16 @@ class ImageDispatcher:
         else:
             ready = watch.ready_workers if route is None else watch.ready_in(route)
         if not ready:
-            raise ServiceError.retry_later(
+            raise Unavailable(
                 "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
             )
         if len(images) > self.gate.limit:  # could never be admitted: retrying would not help
-            raise ServiceError(
-                413,
+            raise PayloadTooLarge(
                 f"The request has {len(images)} images; the server admits at most {self.gate.limit} at once "
                 "(--max-queue). Send fewer images per request.",
             )
         if not self.gate.try_admit(len(images)):
-            raise ServiceError.retry_later(
+            raise Overloaded(
                 f"The server is at its limit of {self.gate.limit} queued images (--max-queue); retry after "
                 f"{RETRY_AFTER_S} s."
             )
@@ -138,10 +137,11 @@ class ImageDispatcher:
         return answers, total_ms
 
     def _expire(self, futures: Sequence[asyncio.Future[Answer]]) -> None:
-        timed_out = error_answer(
-            504,
-            f"No answer within the {self.timeout_s:g} s deadline (--request-timeout-s): the server is "
-            "overloaded or its batches are too slow.",
+        timed_out = answer_for(
+            DeadlineExceeded(
+                f"No answer within the {self.timeout_s:g} s deadline (--request-timeout-s): the server is "
+                "overloaded or its batches are too slow."
+            )
         )
         for future in futures:
             if not future.done():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from service import _defaults
-from service.errors import ServiceError
+from service.errors import ClientClosed, PayloadTooLarge, RequestTimeout, ServiceError
 from service.uvicorn_bridge import BODY_TIMED_OUT
 
 
@@ -23,9 +23,7 @@ class RequestLimits:
 
 def _too_large(limit: int, n_bytes: int | None = None) -> ServiceError:
     size = f"{n_bytes:,} bytes" if n_bytes is not None else "larger than that"
-    return ServiceError(
-        413, f"The request body is {size}; the limit is {limit:,} bytes (server flag --max-body-bytes)."
-    )
+    return PayloadTooLarge(f"The request body is {size}; the limit is {limit:,} bytes (server flag --max-body-bytes).")
 
 
 def check_declared_length(request: Request, limit: int) -> None:
@@ -46,8 +44,8 @@ async def read_body(request: Request, limit: int) -> bytes:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             if request.scope.get(BODY_TIMED_OUT):  # the connection guard closed it: counted as its 408
-                raise ServiceError(408, "The request's body did not arrive in time (server flag --body-timeout-s).")
-            raise ServiceError.client_closed()
+                raise RequestTimeout("The request's body did not arrive in time (server flag --body-timeout-s).")
+            raise ClientClosed()
         chunk = message.get("body", b"")
         received += len(chunk)
         if received > limit:

@@ -1,5 +1,5 @@
 """Inference-worker health as an HTTP process sees it (the main process restarts dead workers:
-service/supervisor/models.py).
+service/supervisor/pool/).
 
 ``WorkerWatch`` keeps a fresh copy of the workers' setup states and of the routing table (which
 workers serve which model version: service/repository/table.py), for ``/ready`` and to send work
@@ -18,11 +18,11 @@ import asyncio
 import logging
 from collections.abc import Callable, MutableSequence
 
-from service._defaults import RETRY_AFTER_S
+from service.errors import Unavailable
 from service.litserve_bridge import READY
 from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.transport.channels import ApiChannel
-from service.wire import Answer, error_answer
+from service.wire import Answer, answer_for
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,11 @@ POLL_INTERVAL_S = 0.1
 
 
 def worker_crashed_answer() -> Answer:
-    return error_answer(
-        503,
-        "The inference worker handling this request stopped unexpectedly and is being restarted. The request "
-        "was not completed; retrying it is safe.",
-        retry_after_s=RETRY_AFTER_S,
+    return answer_for(
+        Unavailable(
+            "The inference worker handling this request stopped unexpectedly and is being restarted. The request "
+            "was not completed; retrying it is safe."
+        )
     )
 
 

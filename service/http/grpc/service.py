@@ -23,7 +23,19 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from service.errors import ServiceError
+from service.errors import (
+    ClientClosed,
+    DeadlineExceeded,
+    Internal,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    Unauthorized,
+    Unavailable,
+    UnprocessableContent,
+    UnsupportedMediaType,
+)
 from service.http.base.auth import ApiKeyAuth
 from service.http.base.dispatch import ImageDispatcher
 from service.http.base.limits import RequestLimits
@@ -47,7 +59,7 @@ from service.http.oip.tensors import (
 )
 from service.logs import REQUEST_ID
 from service.metrics import metrics
-from service.repository.calls import REPOSITORY_OFF, RepositoryCalls
+from service.repository.http_calls import REPOSITORY_OFF, RepositoryCalls
 from service.repository.table import VersionRoute
 
 logger = logging.getLogger(__name__)
@@ -67,23 +79,29 @@ IMPLEMENTED = (
 )
 # What a request deserializer returns for bytes that are not the RPC's message.
 UNDECODABLE = object()
-GRPC_STATUS = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # what gRPC itself answers for a message over its limit
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    500: grpc.StatusCode.INTERNAL,
-    499: grpc.StatusCode.CANCELLED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+# The one mapping from a kind to this protocol's status. A kind it does not name (RequestTimeout: gRPC
+# reads no body through read_body), or a status no kind names, answers UNKNOWN; a subclass answers as its
+# base (Overloaded as Unavailable).
+GRPC_STATUS: dict[type[ServiceError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,  # what gRPC itself answers for a message over its limit
+    UnsupportedMediaType: grpc.StatusCode.INVALID_ARGUMENT,
+    UnprocessableContent: grpc.StatusCode.INVALID_ARGUMENT,
+    Internal: grpc.StatusCode.INTERNAL,
+    ClientClosed: grpc.StatusCode.CANCELLED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
 def grpc_status(error: ServiceError) -> grpc.StatusCode:
-    """The gRPC status of a ``ServiceError``: the one mapping of this protocol."""
-    return GRPC_STATUS.get(error.status, grpc.StatusCode.UNKNOWN)
+    """The gRPC status of a ``ServiceError``: the one mapping of this protocol, by kind."""
+    for kind in type(error).__mro__:
+        if kind in GRPC_STATUS:
+            return GRPC_STATUS[kind]
+    return grpc.StatusCode.UNKNOWN
 
 
 def parameter_value(parameter: service_pb2.InferParameter) -> object:
@@ -94,12 +112,12 @@ def parameter_value(parameter: service_pb2.InferParameter) -> object:
 def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) -> InferCall:
     """A ModelInferRequest as an ``InferCall``; ``ServiceError`` 400 for what the model cannot take."""
     if len(request.inputs) != 1:
-        raise ServiceError(400, f"The infer request needs one input, {INPUT_NAME} (the image files).")
+        raise InvalidInput(f"The infer request needs one input, {INPUT_NAME} (the image files).")
     tensor = request.inputs[0]
     datatype, shape = check_input(tensor.name, tensor.datatype, list(tensor.shape))
     if request.raw_input_contents:
         if len(request.raw_input_contents) != 1:
-            raise ServiceError(400, f"raw_input_contents must hold one entry, for {INPUT_NAME}.")
+            raise InvalidInput(f"raw_input_contents must hold one entry, for {INPUT_NAME}.")
         raw = request.raw_input_contents[0]
         elements = raw if datatype == "UINT8" else deserialize_bytes(raw)
     elif datatype == "BYTES":
@@ -108,7 +126,7 @@ def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) 
         try:
             elements = bytes(tensor.contents.uint_contents)
         except ValueError:
-            raise ServiceError(400, f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
+            raise InvalidInput(f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
     images = images_from_elements(datatype, shape, elements, max_images)
     outputs = []
     for output in request.outputs:
@@ -247,10 +265,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _check_admin(self, context: grpc.aio.ServicerContext) -> RepositoryCalls:
         """The repository calls, if this server takes them and the caller has the admin key."""
         if self.repository is None or self._admin_auth is None:
-            raise ServiceError(400, REPOSITORY_OFF)
+            raise InvalidInput(REPOSITORY_OFF)
         supplied = ApiKeyAuth.supplied_key(dict(context.invocation_metadata() or ()))
         if not self._admin_auth.matches(supplied):
-            raise ServiceError(401, "Missing or wrong admin key. Send --admin-api-key as metadata 'x-api-key: <key>'.")
+            raise Unauthorized("Missing or wrong admin key. Send --admin-api-key as metadata 'x-api-key: <key>'.")
         return self.repository
 
     def _check_key(self, context: grpc.aio.ServicerContext) -> None:
@@ -258,7 +276,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return
         supplied = ApiKeyAuth.supplied_key(dict(context.invocation_metadata() or ()))
         if not self._auth.matches(supplied):
-            raise ServiceError(401, "Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
+            raise Unauthorized("Missing or wrong API key. Send it as metadata 'x-api-key: <key>'.")
 
     @staticmethod
     async def _run(context: grpc.aio.ServicerContext, check: Callable[[], object]) -> object:

@@ -17,11 +17,11 @@ import json
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.errors import ServiceError
+from service.errors import InvalidInput, ServiceError
 from service.http.base.auth import ApiKeyAuth
 from service.http.base.limits import read_body
 from service.http.oip.routes import error_response
-from service.repository.calls import MAX_CONFIG_CHARS, REPOSITORY_OFF, RepositoryCalls
+from service.repository.http_calls import MAX_CONFIG_CHARS, REPOSITORY_OFF, RepositoryCalls
 
 TAG = "Model repository (Triton's extension)"
 # A call's body is a small JSON object: a model config at most.
@@ -33,7 +33,7 @@ def add_repository_routes(app: FastAPI, calls: RepositoryCalls | None, admin_api
 
     async def checked_body(request: Request) -> dict:
         if calls is None or admin is None:
-            raise ServiceError(400, REPOSITORY_OFF)
+            raise InvalidInput(REPOSITORY_OFF)
         admin(request)
         body = await read_body(request, MAX_CALL_BODY_BYTES)
         if not body.strip():
@@ -41,15 +41,15 @@ def add_repository_routes(app: FastAPI, calls: RepositoryCalls | None, admin_api
         try:
             parsed = json.loads(body)
         except (ValueError, RecursionError):
-            raise ServiceError(400, "The body must be a JSON object (or empty).") from None
+            raise InvalidInput("The body must be a JSON object (or empty).") from None
         if not isinstance(parsed, dict):
-            raise ServiceError(400, "The body must be a JSON object (or empty).")
+            raise InvalidInput("The body must be a JSON object (or empty).")
         return parsed
 
     def parameters(body: dict) -> dict:
         value = body.get("parameters", {})
         if not isinstance(value, dict):
-            raise ServiceError(400, '"parameters" must be a JSON object.')
+            raise InvalidInput('"parameters" must be a JSON object.')
         return value
 
     @app.post("/v2/repository/index", tags=[TAG])
@@ -59,7 +59,7 @@ def add_repository_routes(app: FastAPI, calls: RepositoryCalls | None, admin_api
             body = await checked_body(request)
             ready_only = body.get("ready", False)
             if not isinstance(ready_only, bool):
-                raise ServiceError(400, '"ready" must be true or false.')
+                raise InvalidInput('"ready" must be true or false.')
             return JSONResponse(await calls.index(ready_only))
         except ServiceError as exc:
             return error_response(exc)
@@ -71,7 +71,7 @@ def add_repository_routes(app: FastAPI, calls: RepositoryCalls | None, admin_api
             params = parameters(await checked_body(request))
             config = params.get("config", "")
             if not isinstance(config, str):
-                raise ServiceError(400, "parameters.config must be a string: the model config as JSON text.")
+                raise InvalidInput("parameters.config must be a string: the model config as JSON text.")
             await calls.load(name, config, [key for key in params if key.startswith("file:")])
             return Response(status_code=200)
         except ServiceError as exc:

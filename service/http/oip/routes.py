@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.errors import ServiceError, http_headers
+from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, http_headers
 from service.http.base.dispatch import ImageDispatcher
 from service.http.base.infer_paths import model_in_path
 from service.http.base.limits import RequestLimits, read_body
@@ -61,8 +61,7 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
         if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= 12) or int(
             header_length
         ) > len(body):
-            raise ServiceError(
-                400,
+            raise InvalidInput(
                 f"Inference-Header-Content-Length {header_length!r} must be the JSON header's length in bytes, at "
                 f"most the body's {len(body)}.",
             )
@@ -70,39 +69,37 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
     try:
         request = json.loads(header)
     except (ValueError, RecursionError):
-        raise ServiceError(400, "The infer request's JSON is not valid JSON.") from None
+        raise InvalidInput("The infer request's JSON is not valid JSON.") from None
     if not isinstance(request, dict):
-        raise ServiceError(400, 'The infer request must be a JSON object with "inputs".')
+        raise InvalidInput('The infer request must be a JSON object with "inputs".')
     parameters = _object(request.get("parameters"), "parameters")
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise ServiceError(400, 'The infer request needs "inputs" with one input, IMAGE (the image files).')
+        raise InvalidInput('The infer request needs "inputs" with one input, IMAGE (the image files).')
     tensor = inputs[0]
     datatype, shape = check_input(tensor.get("name"), tensor.get("datatype"), tensor.get("shape"))
     size = _object(tensor.get("parameters"), "input parameters").get("binary_data_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size != len(binary):
-            raise ServiceError(
-                400, f"Input IMAGE: binary_data_size {size!r} must equal the {len(binary)} bytes after the JSON header."
+            raise InvalidInput(
+                f"Input IMAGE: binary_data_size {size!r} must equal the {len(binary)} bytes after the JSON header."
             )
         elements = binary if datatype == "UINT8" else deserialize_bytes(binary)
     elif "data" in tensor:
         if binary:
-            raise ServiceError(
-                400, "The body has binary data after the JSON header, but no input names a binary_data_size."
-            )
+            raise InvalidInput("The body has binary data after the JSON header, but no input names a binary_data_size.")
         elements = json_elements(datatype, tensor["data"])
     else:
-        raise ServiceError(400, 'Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
+        raise InvalidInput('Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
     images = images_from_elements(datatype, shape, elements, max_images)
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
-        raise ServiceError(400, f"Parameter 'binary_data_output' must be true or false, got {binary_default!r}.")
+        raise InvalidInput(f"Parameter 'binary_data_output' must be true or false, got {binary_default!r}.")
     outputs = request.get("outputs")
     if not outputs:  # none named: all of them, as Triton answers
         requested = all_outputs(binary_default)
     elif not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
-        raise ServiceError(400, '"outputs" must be a list of objects with a "name".')
+        raise InvalidInput('"outputs" must be a list of objects with a "name".')
     else:
         requested = []
         for output in outputs:
@@ -126,16 +123,14 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
-        raise ServiceError(415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none.")
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none.")
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
     try:
         inflated = inflater.decompress(body, limit + 1)
     except zlib.error as exc:
-        raise ServiceError(400, f"The body is not valid {encoding} data: {exc}.") from None
+        raise InvalidInput(f"The body is not valid {encoding} data: {exc}.") from None
     if len(inflated) > limit:
-        raise ServiceError(
-            413, f"The request body inflates to more than {limit:,} bytes (server flag --max-body-bytes)."
-        )
+        raise PayloadTooLarge(f"The request body inflates to more than {limit:,} bytes (server flag --max-body-bytes).")
     return inflated
 
 
@@ -143,7 +138,7 @@ def _object(value: object, what: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ServiceError(400, f'"{what}" must be a JSON object.')
+        raise InvalidInput(f'"{what}" must be a JSON object.')
     return value
 
 

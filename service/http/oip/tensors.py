@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import _defaults
-from service.errors import ServiceError
+from service.errors import InvalidInput, PayloadTooLarge, error_of_status
 from service.http.base.top_k import top_k_value
 from service.wire import Answer
 
@@ -109,11 +109,11 @@ def deserialize_bytes(raw: bytes) -> list[bytes]:
     elements, offset, view = [], 0, memoryview(raw)
     while offset < len(raw):
         if offset + 4 > len(raw):
-            raise ServiceError(400, f"Input '{INPUT_NAME}': binary BYTES data ends inside an element's 4-byte length.")
+            raise InvalidInput(f"Input '{INPUT_NAME}': binary BYTES data ends inside an element's 4-byte length.")
         (length,) = _LENGTH.unpack_from(raw, offset)
         offset += 4
         if offset + length > len(raw):
-            raise ServiceError(400, f"Input '{INPUT_NAME}': a BYTES element's length ({length}) runs past the data.")
+            raise InvalidInput(f"Input '{INPUT_NAME}': a BYTES element's length ({length}) runs past the data.")
         elements.append(bytes(view[offset : offset + length]))
         offset += length
     return elements
@@ -125,26 +125,25 @@ def oip_top_k(value: object) -> int:
         return _defaults.TOP_K
     top_k = top_k_value(value, text_allowed=False)
     if top_k is None:
-        raise ServiceError(400, f"Parameter 'top_k' must be an integer from 1 to {_defaults.MAX_TOP_K}, got {value!r}.")
+        raise InvalidInput(f"Parameter 'top_k' must be an integer from 1 to {_defaults.MAX_TOP_K}, got {value!r}.")
     return top_k
 
 
 def parse_output(name: object, binary: object, classification: object) -> RequestedOutput:
     if not isinstance(name, str) or name not in OUTPUT_DATATYPES:
-        raise ServiceError(400, f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
+        raise InvalidInput(f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
     if not isinstance(binary, bool):
-        raise ServiceError(400, f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
+        raise InvalidInput(f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
     if classification is not None and name == LABELS:
-        raise ServiceError(
-            400, "Parameter 'classification' applies to a numeric output (PROBABILITIES or CLASS_INDICES), not LABELS."
+        raise InvalidInput(
+            "Parameter 'classification' applies to a numeric output (PROBABILITIES or CLASS_INDICES), not LABELS."
         )
     if classification is not None and (
         isinstance(classification, bool)
         or not isinstance(classification, int)
         or not 1 <= classification <= _defaults.MAX_TOP_K
     ):
-        raise ServiceError(
-            400,
+        raise InvalidInput(
             f"Output '{name}': parameter 'classification' must be an integer from 1 to {_defaults.MAX_TOP_K}, "
             f"got {classification!r}.",
         )
@@ -159,26 +158,22 @@ def all_outputs(binary: bool) -> list[RequestedOutput]:
 def check_input(name: object, datatype: object, shape: object) -> tuple[str, list[int]]:
     """The input's datatype and shape, checked: one input named IMAGE, BYTES or UINT8."""
     if name != INPUT_NAME:
-        raise ServiceError(400, f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
+        raise InvalidInput(f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
     if not isinstance(shape, list | tuple) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise ServiceError(400, f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
+        raise InvalidInput(f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
     shape = list(shape)
     if datatype == "BYTES":
         if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
-            raise ServiceError(
-                400, f"Input '{INPUT_NAME}': BYTES takes shape [N] or [N, 1] (one file each), got {shape}."
-            )
+            raise InvalidInput(f"Input '{INPUT_NAME}': BYTES takes shape [N] or [N, 1] (one file each), got {shape}.")
     elif datatype == "UINT8":
         if len(shape) not in (1, 2):
-            raise ServiceError(
-                400, f"Input '{INPUT_NAME}': UINT8 takes shape [L] (one file) or [N, L] (N files, padded), got {shape}."
+            raise InvalidInput(
+                f"Input '{INPUT_NAME}': UINT8 takes shape [L] (one file) or [N, L] (N files, padded), got {shape}."
             )
     else:
-        raise ServiceError(
-            400, f"Input '{INPUT_NAME}': datatype must be BYTES (or UINT8 for file bytes), got {datatype!r}."
-        )
+        raise InvalidInput(f"Input '{INPUT_NAME}': datatype must be BYTES (or UINT8 for file bytes), got {datatype!r}.")
     return str(datatype), shape
 
 
@@ -196,15 +191,13 @@ def images_from_elements(
         buffer = bytes(elements)
         width = shape[-1]
         if width == 0:
-            raise ServiceError(400, f"Input '{INPUT_NAME}': UINT8 rows of length 0 hold no file.")
+            raise InvalidInput(f"Input '{INPUT_NAME}': UINT8 rows of length 0 hold no file.")
         if len(buffer) != rows * width:
-            raise ServiceError(
-                400, f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}."
-            )
+            raise InvalidInput(f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}.")
         # Padding after a file's end is harmless: decoders stop at the end of the image.
         return [buffer[row * width : (row + 1) * width] for row in range(rows)]
     if len(elements) != shape[0]:
-        raise ServiceError(400, f"Input '{INPUT_NAME}': shape {shape} needs {shape[0]} elements, got {len(elements)}.")
+        raise InvalidInput(f"Input '{INPUT_NAME}': shape {shape} needs {shape[0]} elements, got {len(elements)}.")
     return list(elements)
 
 
@@ -215,7 +208,7 @@ def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
         try:
             return bytes(flat)
         except (TypeError, ValueError):
-            raise ServiceError(400, f"Input '{INPUT_NAME}': UINT8 data must be integers from 0 to 255.") from None
+            raise InvalidInput(f"Input '{INPUT_NAME}': UINT8 data must be integers from 0 to 255.") from None
     elements, bad = [], []
     for index, text in enumerate(flat):
         try:
@@ -225,8 +218,7 @@ def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
         except (binascii.Error, ValueError):
             bad.append(index)
     if bad:
-        raise ServiceError(
-            400,
+        raise InvalidInput(
             f"Input '{INPUT_NAME}': element(s) {_indices(bad)} are not base64 strings. In JSON, send each file "
             "base64-encoded; or send raw bytes with the binary tensor extension.",
         )
@@ -235,7 +227,7 @@ def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
 
 def _flatten(data: object) -> Iterable[object]:
     if not isinstance(data, list):
-        raise ServiceError(400, f"Input '{INPUT_NAME}': 'data' must be a list.")
+        raise InvalidInput(f"Input '{INPUT_NAME}': 'data' must be a list.")
     for item in data:
         if isinstance(item, list):
             yield from _flatten(item)
@@ -245,10 +237,9 @@ def _flatten(data: object) -> Iterable[object]:
 
 def check_count(count: int, limit: int) -> None:
     if count == 0:
-        raise ServiceError(400, f"Input '{INPUT_NAME}' holds no image.")
+        raise InvalidInput(f"Input '{INPUT_NAME}' holds no image.")
     if count > limit:
-        raise ServiceError(
-            413,
+        raise PayloadTooLarge(
             f"The request has {count} images; the limit is {limit} per request (server flag "
             "--max-images-per-request). Split them over several requests.",
         )
@@ -263,9 +254,9 @@ def failed_items(answers: Sequence[Answer | None]) -> None:
     server_side = [a for _, a in failed if a.status_code >= 500]
     if server_side:
         first = server_side[0]
-        raise ServiceError(first.status_code, first.detail, retry_after_s=first.retry_after_s)
+        raise error_of_status(first.status_code, first.detail, retry_after_s=first.retry_after_s)
     details = "; ".join(f"[{index}] {a.detail}" for index, a in failed)
-    raise ServiceError(400, f"Image(s) {_indices([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
+    raise InvalidInput(f"Image(s) {_indices([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
 
 
 def _indices(indices: Sequence[int]) -> str:

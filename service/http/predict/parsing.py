@@ -24,10 +24,10 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from service import _defaults
-from service.errors import ServiceError
+from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnprocessableContent
 from service.http.base.limits import RequestLimits, read_body
 from service.http.base.top_k import top_k_value
-from service.wire import Answer, answer_for, error_answer
+from service.wire import Answer, answer_for
 
 # The form has an image and maybe top_k; a few more fields are tolerated, thousands are not.
 MAX_FORM_FIELDS = 16
@@ -36,25 +36,25 @@ MAX_FORM_FIELDS = 16
 def predict_top_k(raw: object) -> int:
     value = top_k_value(raw, text_allowed=True)
     if value is None:
-        raise ServiceError(422, f"top_k must be an integer from 1 to {_defaults.MAX_TOP_K}, got {reprlib.repr(raw)}.")
+        raise UnprocessableContent(
+            f"top_k must be an integer from 1 to {_defaults.MAX_TOP_K}, got {reprlib.repr(raw)}."
+        )
     return value
 
 
 def decode_base64_image(text: object, what: str = 'JSON field "image"') -> bytes:
     """The bytes of a base64 string or data: URL; ``what`` names it in the 400's detail."""
     if not isinstance(text, str) or not text:
-        raise ServiceError(400, f"{what} must be a non-empty base64 string of the image file.")
+        raise InvalidInput(f"{what} must be a non-empty base64 string of the image file.")
     if text.startswith("data:"):
         _, sep, text = text.partition(",")  # data:image/jpeg;base64,<payload>
         if not sep:
-            raise ServiceError(400, f'{what} is a data: URL without a "," before the payload.')
+            raise InvalidInput(f'{what} is a data: URL without a "," before the payload.')
     text = "".join(text.split())  # `base64` wraps its output at 76 columns; the breaks carry nothing
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ServiceError(
-            400, f"{what} is not valid base64. Encode the file bytes, e.g. base64.b64encode(data)."
-        ) from None
+        raise InvalidInput(f"{what} is not valid base64. Encode the file bytes, e.g. base64.b64encode(data).") from None
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,11 @@ async def _parse_multipart(request: Request, body: bytes, max_files: int) -> For
     except MultiPartException as exc:
         if exc.message.startswith("Too many files"):
             raise too_many_images(f"more than {max_files}", max_files) from None
-        raise ServiceError(400, f"The multipart form is malformed: {exc.message}") from None
+        raise InvalidInput(f"The multipart form is malformed: {exc.message}") from None
 
 
 def too_many_images(count: int | str, limit: int) -> ServiceError:
-    return ServiceError(
-        413,
+    return PayloadTooLarge(
         f"The request has {count} images; the limit is {limit} per request (server flag --max-images-per-request). "
         "Split the images over several requests.",
     )
@@ -106,13 +105,13 @@ async def read_predict_request(request: Request, limits: RequestLimits) -> Predi
         try:
             fields = form.getlist("image")
             if not fields or not all(isinstance(f, UploadFile) for f in fields):
-                raise ServiceError(400, 'The multipart form needs a file field named "image" (curl -F image=@cat.jpg).')
+                raise InvalidInput('The multipart form needs a file field named "image" (curl -F image=@cat.jpg).')
             stray = sorted(
                 {name for name, value in form.multi_items() if name != "image" and isinstance(value, UploadFile)}
             )
             if stray:
-                raise ServiceError(
-                    400, f'Files go in fields named "image" (repeat it for several); got file field(s) {stray}.'
+                raise InvalidInput(
+                    f'Files go in fields named "image" (repeat it for several); got file field(s) {stray}.'
                 )
             images = [await field.read() for field in fields]
             top_k_raw = form.get("top_k", top_k_raw)
@@ -126,7 +125,7 @@ async def read_predict_request(request: Request, limits: RequestLimits) -> Predi
         try:
             body = json.loads(await read_body(request, limits.max_body_bytes))
         except (ValueError, RecursionError):  # bad JSON or UTF-8, 5000-digit integers, absurd nesting
-            raise ServiceError(400, 'The body is not valid JSON. Send {"image": "<base64>", "top_k": 5}.') from None
+            raise InvalidInput('The body is not valid JSON. Send {"image": "<base64>", "top_k": 5}.') from None
         if isinstance(body, dict) and "images" in body:
             return _many_from_json(body, top_k_raw, limits.max_images_per_request)
         image, top_k = image_from_json(body, top_k_raw)
@@ -137,10 +136,10 @@ async def read_predict_request(request: Request, limits: RequestLimits) -> Predi
 def _many_from_json(body: dict, top_k_raw: object, limit: int) -> PredictRequest:
     """``{"images": ["<base64>", ...], "top_k": 5}``: an item that is not base64 gets its own 400."""
     if "image" in body:
-        raise ServiceError(400, 'Send either "image" (one image) or "images" (a list), not both.')
+        raise InvalidInput('Send either "image" (one image) or "images" (a list), not both.')
     encoded = body["images"]
     if not isinstance(encoded, list) or not encoded:
-        raise ServiceError(400, 'JSON field "images" must be a non-empty list of base64-encoded image files.')
+        raise InvalidInput('JSON field "images" must be a non-empty list of base64-encoded image files.')
     if len(encoded) > limit:
         raise too_many_images(len(encoded), limit)
     images: list[bytes | Answer] = []
@@ -155,8 +154,7 @@ def _many_from_json(body: dict, top_k_raw: object, limit: int) -> PredictRequest
 def image_from_json(body: object, top_k_raw: object = None) -> tuple[bytes, int]:
     """``{"image": "<base64 or data: URL>", "top_k": 5}``, already parsed: the image and its top_k."""
     if not isinstance(body, dict) or "image" not in body:
-        raise ServiceError(
-            400,
+        raise InvalidInput(
             'The JSON body needs a field "image" holding the base64-encoded image file (or "images", a list of them).',
         )
     return _nonempty(decode_base64_image(body["image"])), _top_k(body.get("top_k", top_k_raw))
@@ -170,12 +168,12 @@ _NO_IMAGE = (
 
 def _nonempty(image: bytes) -> bytes:
     if not image:
-        raise ServiceError(400, _NO_IMAGE)
+        raise InvalidInput(_NO_IMAGE)
     return image
 
 
 def _no_image(index: int) -> Answer:
-    return error_answer(400, f"Image {index} is empty: the file field has no bytes.")
+    return answer_for(InvalidInput(f"Image {index} is empty: the file field has no bytes."))
 
 
 def _top_k(top_k_raw: object) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import ServiceError
+from service.errors import InvalidInput, ServiceError
 from service.http.base.dispatch import ImageDispatcher, check_header, header_error
 from service.http.base.limits import RequestLimits
 from service.http.predict.parsing import read_predict_request
@@ -73,7 +73,7 @@ def model_in_query(request: Request) -> tuple[str | None, str | None]:
     model, version = query.get("model"), query.get("version")
     for name, value in (("model", model), ("version", version)):
         if value is not None and len(value) > MAX_NAME_CHARS:
-            raise ServiceError(400, f"?{name}= is longer than {MAX_NAME_CHARS} characters.")
+            raise InvalidInput(f"?{name}= is longer than {MAX_NAME_CHARS} characters.")
     return model, version
 
 
