@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.images import read_images, write_benchmark_images
 from compile.libstdcxx import restart_with_preload
 from compile.model_request import ModelRequest
 from preprocessing import create_preprocessor
+from service.tune.images import read_images, write_benchmark_images
 from service.worker.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
 
 WARMUP_CALLS = 2

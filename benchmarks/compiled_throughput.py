@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.suite import DEFAULT_WORK_DIR, prepare_inputs
+from benchmarks.harness.common import machine_record, results_dir, write_results
+from benchmarks.harness.suite import DEFAULT_WORK_DIR, prepare_inputs
 from compile.backends import PRECISION_DTYPES, PrecisionCast
 from compile.catalog import get_model_entry
 from compile.libstdcxx import restart_with_preload

@@ -34,11 +34,10 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageOps
 
-from benchmarks import plots
 from benchmarks.ceiling import load_served, measure_ceiling
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.loadgen import LoadSpec
-from benchmarks.suite import (
+from benchmarks.harness import plots
+from benchmarks.harness.common import machine_record, results_dir, write_results
+from benchmarks.harness.suite import (
     CPU_MAX_BATCH,
     DEFAULT_WORK_DIR,
     Inputs,
@@ -54,6 +53,7 @@ from compile.catalog import get_model_entry
 from compile.gate import compare_logits
 from compile.weights import load_model
 from preprocessing.pil_backend import PilPreprocessor
+from service.tune.loadgen import LoadSpec
 from service.worker.engine import set_worker_threads
 
 logger = logging.getLogger(__name__)
@@ -459,7 +459,7 @@ SEED_TORCHSERVE = ("TorchServe batch 8", "TorchServe no batching")
 def torchserve_configs(model: str) -> dict:
     """The seed setup (batch 8, and no batching; default workers, queue and delay), plus one worker
     with batch 8: TorchServe's default of one worker per core oversubscribes a 2-core box."""
-    from benchmarks.torchserve_peer import TorchServeConfig
+    from benchmarks.peers.torchserve_peer import TorchServeConfig
 
     return {
         "TorchServe batch 8": TorchServeConfig(batch_size=8, model_name=model),
@@ -470,7 +470,7 @@ def torchserve_configs(model: str) -> dict:
 
 def torchserve(opts: Options) -> dict:
     """TorchServe's seed setup and vision-serve's configurations at concurrency 1 and 32, one after another."""
-    from benchmarks.torchserve_peer import TorchServeProcess, build_mar, export_torchscript
+    from benchmarks.peers.torchserve_peer import TorchServeProcess, build_mar, export_torchscript
 
     concurrencies = [1, TARGET_CONCURRENCY]
     work = opts.inputs.work / "torchserve"
@@ -523,7 +523,7 @@ TRITON_LABEL = "Triton (PyTriton) batch 8"
 
 def triton(opts: Options) -> dict:
     """Triton through PyTriton and vision-serve's configurations at concurrency 1 and 32, one after another."""
-    from benchmarks.triton_peer import TritonPeerConfig, measure, running_peer
+    from benchmarks.peers.triton_peer import TritonPeerConfig, measure, running_peer
 
     concurrencies = [1, TARGET_CONCURRENCY]
     specs = _sweep_specs(opts, concurrencies)
@@ -557,7 +557,7 @@ def triton_markdown(record: dict, plot_names: Sequence[str]) -> str:
     md = "# (g) Triton peer vs vision-serve, same weights, photos and concurrency\n\n" + _runs_table(runs)
     md += f"\n\nAt concurrency {TARGET_CONCURRENCY}, against {TRITON_LABEL}:\n\n"
     md += markdown_table(["config", "throughput ratio (higher is better)", "p99 ratio (lower is better)"], rows)
-    md += "\n\nTriton: tritonserver through PyTriton 0.7 (benchmarks/triton_model.py), one model instance, "
+    md += "\n\nTriton: tritonserver through PyTriton 0.7 (benchmarks/peers/triton_model.py), one model instance, "
     md += f"dynamic batcher up to {config['max_batch_size']}, queue delay {config['max_queue_delay_us']} us "
     md += "(Triton's default); the Python callable decodes with Pillow and runs torchvision's Resize, CenterCrop "
     md += f"and Normalize with the catalog's spec, then the eager fp32 model ({config['threads']} torch threads, "
@@ -738,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.perf_counter()
     chosen = RUN_ALL if args.experiment == "all" else (args.experiment,)
     if "triton" in chosen:  # fail now, not after the experiments before it: it needs Python 3.13 and PyTriton
-        from benchmarks.triton_env import ensure_venv
+        from benchmarks.peers.triton_env import ensure_venv
 
         ensure_venv(model=True)
     records: dict[str, dict] = {}

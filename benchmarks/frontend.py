@@ -8,11 +8,11 @@ a GPU would wait on. In the same run, the same load (``wrk``, a C load generator
 CPU, each request the same ~60 kB JPEG) goes to:
 
 - ``bare-N``: a raw ASGI endpoint on uvicorn with N processes that reads the body and returns fixed
-  JSON (benchmarks.noop_server): the Python bound, and the load generator's own ceiling;
+  JSON (benchmarks.peers.noop_server): the Python bound, and the load generator's own ceiling;
 - ``vision-serve-N``: the production server with ``--api-servers N``, no-op decoder and model;
-- ``litserve``: plain LitServe with a no-op LitAPI, JSON base64 body (benchmarks.litserve_noop);
+- ``litserve``: plain LitServe with a no-op LitAPI, JSON base64 body (benchmarks.peers.litserve_noop);
 - ``triton``: tritonserver through PyTriton, dynamic batcher, no-op Python model, KServe v2 binary
-  request (benchmarks.triton_noop, in its own Python 3.13 virtualenv: benchmarks.triton_env).
+  request (benchmarks.peers.triton_noop, in its own Python 3.13 virtualenv: benchmarks.peers.triton_env).
 
 Requires ``wrk`` (Debian package). Results: ``frontend.json``, ``frontend.md`` and
 ``frontend-throughput.png`` in the results folder.
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import plots
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.images import IMAGENET_SIZE, photo_jpegs
+from benchmarks.harness import plots
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from service.client.launcher import free_port
+from service.tune.images import IMAGENET_SIZE, photo_jpegs
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def triton_request(image: bytes, model: str = "noop") -> Request:
 def make_target(name: str, image: bytes, port: int, triton_python: Callable[[], Path]) -> Target:
     python = sys.executable
     if match := re.fullmatch(r"bare-(\d+)", name):
-        command = [python, "-m", "benchmarks.noop_server", "--port", str(port), "--workers", match[1]]
+        command = [python, "-m", "benchmarks.peers.noop_server", "--port", str(port), "--workers", match[1]]
         return Target(
             name, port, command, "/", image_request(image), notes=f"raw ASGI, uvicorn, {match[1]} process(es)"
         )
@@ -152,11 +152,11 @@ def make_target(name: str, image: bytes, port: int, triton_python: Callable[[], 
         notes = f"production path, --api-servers {match[1]}, default settings (info log), no-op decode and model"
         return Target(name, port, command, "/ready", image_request(image), notes=notes)
     if name == "litserve":
-        command = [python, "-m", "benchmarks.litserve_noop", "--port", str(port)]
+        command = [python, "-m", "benchmarks.peers.litserve_noop", "--port", str(port)]
         return Target(name, port, command, "/health", litserve_request(image), notes="LitServe defaults, JSON base64")
     if name == "triton":
         command = [
-            *(str(triton_python()), str(REPO / "benchmarks" / "triton_noop.py"), "--port", str(port)),
+            *(str(triton_python()), str(REPO / "benchmarks" / "peers" / "triton_noop.py"), "--port", str(port)),
             *("--grpc-port", str(free_port()), "--metrics-port", str(free_port())),
         ]
         notes = "tritonserver via PyTriton 0.7, dynamic batcher (max 64), KServe v2 binary request"
@@ -311,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
 
     def triton_python() -> Path:
-        from benchmarks.triton_env import ensure_venv
+        from benchmarks.peers.triton_env import ensure_venv
 
         return ensure_venv(args.triton_venv)
 

@@ -18,13 +18,13 @@ logger = logging.getLogger(__name__)
 
 # Imported by the workers only: this process, and the HTTP processes forked from it, stay torch-free
 # as vision-serve's own do.
-NOOP_CLASSIFIER = "benchmarks.noop_classifier:NoopClassifier"
+NOOP_CLASSIFIER = "benchmarks.harness.noop_classifier:NoopClassifier"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from service.cli import build_parser, settings_from_args
     from service.logs import adopt_library_loggers, configure_logging
-    from service.supervisor.plan import start_planning
+    from service.supervisor.planning.launch import start_planning
     from service.supervisor.server import build_server, serve
 
     parser = build_parser()

@@ -3,23 +3,23 @@
 # compiled ResNet-152 (AOTInductor fp16) served behind nvJPEG decode, against the eager + Pillow
 # baseline, with the checks that qualify the numbers. Results go to $OUT after every step.
 #
-#   bash benchmarks/gpu_headline.sh             on the lent machine, carrying .carry/core (bash benchmarks/gpu_pack.sh)
+#   bash benchmarks/gpu_headline.sh             on the lent machine, carrying .carry/core (bash benchmarks/gpu/pack.sh)
 #   bash benchmarks/gpu_headline.sh --rerun     on the same machine while it is still warm: the steps that
 #                                               did not end ok, in 3 minutes (compile: a cache hit)
 #   bash benchmarks/gpu_headline.sh --dry-run   here: the same steps on the CPU (Lite0, seconds of load), in
-#                                               the stand-in venv (benchmarks/gpu_standin.sh), the carry
+#                                               the stand-in venv (benchmarks/gpu/standin.sh), the carry
 #                                               installed beside it as on the machine
 #
-# Other flags go to benchmarks/gpu_session.py (--budget-s, --out, --results).
+# Other flags go to benchmarks/gpu/session.py (--budget-s, --out, --results).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=python3
 case " $* " in
   *" --dry-run "*)
-    if [ "$(cat .carry/core/.carry 2>/dev/null)" != "$(sha256sum benchmarks/gpu_carry.txt | cut -d' ' -f1)" ]; then
-      bash benchmarks/gpu_pack.sh >&2
+    if [ "$(cat .carry/core/.carry 2>/dev/null)" != "$(sha256sum benchmarks/gpu/carry.txt | cut -d' ' -f1)" ]; then
+      bash benchmarks/gpu/pack.sh >&2
     fi
-    python=$(bash benchmarks/gpu_standin.sh)
+    python=$(bash benchmarks/gpu/standin.sh)
     export OUT=${OUT:-/tmp/gpu-headline-out}
     ;;
   *)
@@ -32,4 +32,4 @@ case " $* " in
     fi
     ;;
 esac
-exec "$python" -m benchmarks.gpu_session headline "$@"
+exec "$python" -m benchmarks.gpu.session headline "$@"

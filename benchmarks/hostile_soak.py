@@ -30,11 +30,11 @@ import grpc
 import httpx
 from tritonclient.grpc import service_pb2
 
-from benchmarks.bad_inputs import bad_inputs
-from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.soak import rss_mb, server_processes
 from compile.sample_photos import sample_photo_file
 from service.client.launcher import ServerProcess, free_port
+from tests.bad_inputs import bad_inputs
 
 logger = logging.getLogger(__name__)
 

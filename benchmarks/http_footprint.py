@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from service.client.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.common import machine_record, results_dir, write_results
 from benchmarks.frontend import (
     MODEL,
     WARMUP_S,
@@ -40,9 +39,10 @@ from benchmarks.frontend import (
     run_wrk,
     running,
 )
-from benchmarks.images import IMAGENET_SIZE, photo_jpegs
-from benchmarks.loadgen import oip_images
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from service.client.launcher import free_port
+from service.tune.images import IMAGENET_SIZE, photo_jpegs
+from service.tune.loadgen import oip_images
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import machine_record, results_dir, write_results
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from service.http.base.observer import HttpObserver
 from service.logs import configure_logging
 from service.metrics import exposition, metrics, multiprocess_mode

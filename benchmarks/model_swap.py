@@ -3,7 +3,7 @@
     python -m benchmarks.model_swap            # the full procedure: 5 x (v1 -> v2 -> v1), a corrupt v3
     python -m benchmarks.model_swap --quick    # 1 cycle, shorter steady periods: for trying things out
 
-The procedure of ``benchmarks.swap_load`` (the same as ``benchmarks.triton_swap`` runs against NVIDIA
+The procedure of ``benchmarks.harness.swap_load`` (the same as ``benchmarks.triton_swap`` runs against NVIDIA
 Triton: same cores, 32 connections, photos, plan) against the real server:
 
 * a model repository in a temporary folder: ``classifier/1`` and ``classifier/2`` hold the same
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import swap_load
-from benchmarks.common import machine_record, results_dir
+from benchmarks.harness import swap_load
+from benchmarks.harness.common import machine_record, results_dir
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--artifact", type=Path, help="a compile-trt artifact to serve (default: compile one)")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, help="compile-trt --backend when compiling")
     parser.add_argument("--corrupt", choices=CORRUPT_MODES, default="engine", help="how version 3 is spoilt")
-    parser.add_argument("--images", type=Path, help="a folder of images (default: benchmarks.images' photos)")
+    parser.add_argument("--images", type=Path, help="a folder of images (default: service.tune.images' photos)")
     parser.add_argument("--output-dir", type=Path, help="results folder (default: benchmarks/results/<machine>-<date>)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.bad_inputs import BadInput
-from benchmarks.common import results_dir, write_results
-from benchmarks.images import IMAGENET_SIZE, PHOTOS, photo_jpegs
-from benchmarks.suite import markdown_table
+from benchmarks.harness.common import results_dir, write_results
+from benchmarks.harness.suite import markdown_table
 from service.client.launcher import ServerProcess
+from service.tune.images import IMAGENET_SIZE, PHOTOS, photo_jpegs
+from tests.bad_inputs import BadInput
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.suite import markdown_table
+from benchmarks.harness.common import machine_record, results_dir, write_results
+from benchmarks.harness.suite import markdown_table
 from compile._defaults import SAMPLE_PHOTO_JPEG_QUALITY
 from compile.catalog import get_model_entry
 from compile.sample_photos import sample_photo

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.images import JPEG_QUALITY, NOISE_SIGMA, photo_jpegs
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from compile.catalog import get_model_entry
 from preprocessing import _defaults
 from preprocessing.base import Preprocessor
 from preprocessing.registry import backend_problem, create_preprocessor
+from service.tune.images import JPEG_QUALITY, NOISE_SIGMA, photo_jpegs
 
 SIZES = {"imagenet": (500, 375), "12mp": (4000, 3000)}  # width x height
 SOURCES = ("chelsea", "coffee", "astronaut", "rocket")  # skimage.data photos

@@ -6,7 +6,7 @@
 
 A closed-loop load (asyncio + one shared httpx.AsyncClient, ``concurrency`` requests in flight)
 sends real photos (raw, multipart and JSON base64) and, with probability ``bad_fraction``, a bad
-request: every body of ``benchmarks/bad_inputs.py`` plus request-level mistakes (bad base64, top_k=0,
+request: every body of ``tests/bad_inputs.py`` plus request-level mistakes (bad base64, top_k=0,
 empty body). A warm-up of the same mix runs first and is not counted, so the RSS of every server
 process is compared between an idle, warmed-up server and the same server after the load.
 Prints a table, writes JSON and TXT under benchmarks/results/<machine>-<date>/ (stem ``soak``),
@@ -37,11 +37,11 @@ import httpx
 import psutil
 from PIL import Image
 
-from benchmarks.bad_inputs import bad_inputs
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.loadgen import percentile
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from compile.sample_photos import CAT_LABELS, sample_photo
 from service.client.launcher import ServerProcess
+from service.tune.loadgen import percentile
+from tests.bad_inputs import bad_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ def good_specs() -> tuple[tuple[RequestSpec, ...], tuple[float, ...]]:
 
 @functools.cache
 def bad_specs(max_item_bytes: int = MAX_BAD_ITEM_BYTES) -> tuple[RequestSpec, ...]:
-    """Every corpus body of benchmarks/bad_inputs.py, sent raw, plus mistakes in the request around a good image."""
+    """Every corpus body of tests/bad_inputs.py, sent raw, plus mistakes in the request around a good image."""
     specs = [
         RequestSpec(f"bad:{item.name}", False, item.body, {"Content-Type": item.content_type}, {}, item.statuses)
         for item in bad_inputs()

@@ -4,7 +4,7 @@
     python -m benchmarks.triton_swap --quick    # 1 cycle, shorter steady periods: for trying things out
     python -m benchmarks.triton_swap --load-protocol grpc   # the same, load calls over gRPC
 
-The procedure of ``benchmarks.swap_load`` (the one ``benchmarks.model_swap`` runs against vision-serve:
+The procedure of ``benchmarks.harness.swap_load`` (the one ``benchmarks.model_swap`` runs against vision-serve:
 same cores, 32 connections, photos, plan), against the real ``tritonserver`` binary (2.51) that the
 ``nvidia-pytriton`` 0.7 package ships, run directly rather than through PyTriton's ``Triton`` class:
 
@@ -13,9 +13,9 @@ same cores, 32 connections, photos, plan), against the real ``tritonserver`` bin
   (``triton_python_backend_stub``) copied into it, the environment PyTriton gives the server
   (``LD_LIBRARY_PATH`` += ``nvidia_pytriton.libs``, the virtualenv's ``bin`` first on ``PATH``: the stub
   embeds the virtualenv's interpreter, so the model imports torch from there). The virtualenv is
-  benchmarks.triton_env's (``python -m benchmarks.triton_env --model``; made if missing).
-* the model ``classifier``: a Python-backend model (``benchmarks.triton_swap_model`` as ``model.py``)
-  doing the Triton peer's work (benchmarks.triton_model: Pillow + torchvision preprocessing, eager fp32
+  benchmarks.peers.triton_env's (``python -m benchmarks.peers.triton_env --model``; made if missing).
+* the model ``classifier``: a Python-backend model (``benchmarks.peers.triton_swap_model`` as ``model.py``)
+  doing the Triton peer's work (benchmarks.peers.triton_model: Pillow + torchvision preprocessing, eager fp32
   efficientnet-lite0, softmax, top-5), one instance, ``max_batch_size`` 8, dynamic batcher with
   Triton's default zero queue delay. Versions 1 and 2 hold the same weights file (``model.pt``);
   version 3 a truncated one, so its ``initialize`` fails. ``config.pbtxt`` serves version 1 only.
@@ -84,8 +84,8 @@ from types import ModuleType
 
 import httpx
 
-from benchmarks import swap_load
-from benchmarks.common import machine_record, results_dir
+from benchmarks.harness import swap_load
+from benchmarks.harness.common import machine_record, results_dir
 from service.client.launcher import free_port
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "classifier"
 CATALOG_MODEL = "efficientnet-lite0"
-MODEL_FILE = Path(__file__).resolve().parent / "triton_swap_model.py"
+MODEL_FILE = Path(__file__).resolve().parent / "peers" / "triton_swap_model.py"
 INPUT_NAME = "image"
 OUTPUT_NAMES = ("labels", "probabilities")
 MAX_BATCH = 8  # the serving batch of every CPU experiment, as the Triton peer's
@@ -358,8 +358,8 @@ async def _swap(target: TritonSwapTarget, images: Sequence[bytes], plan: swap_lo
 
 def run(args: argparse.Namespace) -> dict:
     """Everything, into one record; a Triton that cannot start is a record with ``error``."""
-    from benchmarks.triton_env import ensure_venv
-    from benchmarks.triton_peer import write_weights_file
+    from benchmarks.peers.triton_env import ensure_venv
+    from benchmarks.peers.triton_peer import write_weights_file
 
     plan = swap_load.QUICK_PLAN if args.quick else swap_load.SwapPlan()
     out_dir = results_dir(args.output_dir)
@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> dict:
         "command": f"python -m benchmarks.triton_swap{flags}",
         "machine": machine_record(),
         "setup": {
-            "model": f"{CATALOG_MODEL}, eager fp32, Pillow + torchvision preprocessing (benchmarks.triton_model)",
+            "model": f"{CATALOG_MODEL}, eager fp32, Pillow + torchvision preprocessing (benchmarks.peers.triton_model)",
             "max_batch_size": MAX_BATCH,
             "instances": 1,
             "dynamic_batching": "max_queue_delay_microseconds 0 (Triton's default)",
@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="http",
         help="how the load calls go: HTTP (the procedure) or gRPC (results as triton-swap-grpc.*)",
     )
-    parser.add_argument("--images", type=Path, help="a folder of images (default: benchmarks.images' photos)")
+    parser.add_argument("--images", type=Path, help="a folder of images (default: service.tune.images' photos)")
     parser.add_argument("--output-dir", type=Path, help="results folder (default: benchmarks/results/<machine>-<date>)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

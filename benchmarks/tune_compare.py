@@ -32,13 +32,13 @@ import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
-from benchmarks.tune.report import ConfirmRound, confirm_ratios, ratio
-from benchmarks.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
-from benchmarks.tune.space import Candidate, SearchSpace
-from benchmarks.tune.tuner import images_digest, load_images
 from compile import _defaults as compile_defaults
 from service.settings import read_config_file
+from service.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
+from service.tune.report import ConfirmRound, confirm_ratios, ratio
+from service.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
+from service.tune.space import Candidate, SearchSpace
+from service.tune.tuner import images_digest, load_images
 
 logger = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.common import machine_record, results_dir, write_results
-from benchmarks.images import IMAGENET_SIZE, photo_jpegs
-from benchmarks.loadgen import CLOSED, LoadResult, LoadSpec, run_load
+from benchmarks.harness.common import machine_record, results_dir, write_results
 from service.client.launcher import ServerProcess
+from service.tune.images import IMAGENET_SIZE, photo_jpegs
+from service.tune.loadgen import CLOSED, LoadResult, LoadSpec, run_load
 
 logger = logging.getLogger(__name__)
 

@@ -13,16 +13,16 @@ import sys
 import pytest
 import torch
 
-from benchmarks.bad_inputs import bad_inputs
 from benchmarks.ceiling import measure_ceiling
-from benchmarks.gpu_suite import ANSWERS_BAD_INPUTS
-from benchmarks.images import read_images
-from benchmarks.loadgen import CONSTANT, LoadClients, LoadSpec, oip_images, run_load
+from benchmarks.gpu.suite import ANSWERS_BAD_INPUTS
 from benchmarks.pipeline_check import answer_groups, check_photos, check_under_load, compare, references
 from compile.model_request import ModelRequest
 from compile.sample_photos import CAT_LABELS
 from service.client.launcher import ServerProcess
+from service.tune.images import read_images
+from service.tune.loadgen import CONSTANT, LoadClients, LoadSpec, oip_images, run_load
 from service.worker.engine import load_eager
+from tests.bad_inputs import bad_inputs
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "4", "--log-level", "warning"]
 
@@ -112,7 +112,7 @@ def test_load_clients_carry_many_runs_and_open_inference_protocol_bodies(server,
 
 def test_loadgen_cli_writes_its_json(server, images_dir, tmp_path) -> None:
     output = tmp_path / "run.json"
-    command = [sys.executable, "-m", "benchmarks.loadgen", "--url", f"{server.url}/predict", "--images",
+    command = [sys.executable, "-m", "service.tune.loadgen", "--url", f"{server.url}/predict", "--images",
                str(images_dir), "--requests", "6", "--concurrency", "2", "--output", str(output)]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 # Short steps: the tests check what a tune does, not how fast the model is; 400 ms is far above the
 # p99 of Lite0 on two busy cores at a few requests in flight.
 TUNE = [
-    sys.executable, "-m", "benchmarks.tune.cli", "--model", "efficientnet-lite0", "--weights", "imagenet",
+    sys.executable, "-m", "service.tune.cli", "--model", "efficientnet-lite0", "--weights", "imagenet",
     "--p99-ms", "400", "--workers-per-device", "1", "--preprocess", "pil", "--step-seconds", "1",
     "--min-requests", "20", "--poisson-seconds", "2", "--max-concurrency", "8", "--search", "full",
 ]  # fmt: skip
@@ -73,10 +73,14 @@ def ready_server(folder: Path) -> psutil.Process | None:
     """Such a server once it answers /ready: its workers are up, and it handles SIGTERM as it does when serving."""
     for process in server_mains(folder):
         try:
+            # The main process leads its session; its forked HTTP processes share its command line, and
+            # after the pids wrap one of them may be listed first.
+            if os.getsid(process.pid) != process.pid:
+                continue
             port = process.environ().get("VISION_SERVE_PORT")
             if port and httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
                 return process
-        except (psutil.Error, httpx.HTTPError):
+        except (OSError, psutil.Error, httpx.HTTPError):
             continue
     return None
 

@@ -20,10 +20,12 @@ import httpx
 import pytest
 import torch
 
-from benchmarks import plots
 from benchmarks.experiments import Target, agreement_inputs, targets, targets_markdown
-from benchmarks.images import read_images, write_benchmark_images
-from benchmarks.loadgen import (
+from benchmarks.harness import plots
+from benchmarks.harness.suite import markdown_table
+from service.client.launcher import free_port
+from service.tune.images import read_images, write_benchmark_images
+from service.tune.loadgen import (
     CONSTANT,
     POISSON,
     LoadSpec,
@@ -33,8 +35,6 @@ from benchmarks.loadgen import (
     percentile,
     run_load,
 )
-from benchmarks.suite import markdown_table
-from service.client.launcher import free_port
 
 
 def test_parse_server_timing_reads_durations_and_skips_the_rest() -> None:
@@ -90,7 +90,7 @@ def test_load_spec_says_what_is_wrong(kwargs: dict, message: str) -> None:
 
 
 def test_read_images_explains_an_empty_folder(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"benchmarks\.images"):
+    with pytest.raises(ValueError, match=r"service\.tune\.images"):
         read_images(tmp_path)
 
 
@@ -211,7 +211,7 @@ def test_markdown_table() -> None:
 
 def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
     """The GPU suite's report from a recorded run (the suite itself needs a GPU; CI has none)."""
-    from benchmarks.gpu_suite import PARTIAL_RECORD, load_record, report
+    from benchmarks.gpu.suite import PARTIAL_RECORD, load_record, report
 
     def run(rps: float) -> dict:
         breakdown = {"queue": 1.0, "preprocess": 2.0, "pipeline_wait": 0.5, "inference": 3.0}
@@ -248,20 +248,10 @@ def test_gpu_suite_report_tables_and_plots(tmp_path) -> None:
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG") and f"![{name}]({name})" in md
 
 
-def test_metrics_overhead_benchmark_measures_and_saves(tmp_path, capsys) -> None:
-    from benchmarks import metrics_overhead
-
-    assert metrics_overhead.main(["--calls", "50", "--out", str(tmp_path)]) == 0
-    record = json.loads((tmp_path / "metrics_overhead.json").read_text())
-    assert record["record_per_request_us"] > 0 and record["scrape_ms_7_processes"] > 0
-    assert record["scrape_bytes"] > 1000  # the scrape read what the spawned processes recorded
-    assert "one scrape, files of 7 processes" in capsys.readouterr().out
-
-
 def test_engine_steps_take_the_compile_steps_artifact_or_fail_saying_why(tmp_path) -> None:
     """Only the compile step compiles: a later step without its artifact fails at once with the
     compile's status, instead of compiling again inside its own time cap."""
-    from benchmarks.gpu_suite import StepFailed, compiled_artifact
+    from benchmarks.gpu.suite import StepFailed, compiled_artifact
 
     failed = {"steps": {"compile": {"status": "failed: compile-trt exited 3"}}, "compile": {"failed": "exit 3"}}
     with pytest.raises(StepFailed, match="the compile step's status is 'failed: compile-trt exited 3'"):
@@ -278,7 +268,7 @@ def test_engine_steps_take_the_compile_steps_artifact_or_fail_saying_why(tmp_pat
 
 def test_gpu_suite_exits_1_when_a_step_it_was_asked_for_fails(tmp_path) -> None:
     """The GPU session judges a step by the suite's exit code: a failed step must not read as ok."""
-    from benchmarks import gpu_suite
+    from benchmarks.gpu import suite as gpu_suite
 
     out = tmp_path / "out"
     argv = ["--dry-run", "--steps", "answers,ceiling", "--output-dir", str(out), "--work", str(tmp_path / "work")]
@@ -290,7 +280,7 @@ def test_gpu_suite_exits_1_when_a_step_it_was_asked_for_fails(tmp_path) -> None:
 
 def test_gpu_suite_resumes_a_saved_record_with_numeric_concurrencies() -> None:
     """A record read back from JSON (string keys) sorts and plots by concurrency, not as text."""
-    from benchmarks.gpu_suite import _int_keys
+    from benchmarks.gpu.suite import _int_keys
 
     saved = json.loads(json.dumps({"sweeps": {"baseline": {1: {}, 64: {}, 256: {}}}}))
     assert max(saved["sweeps"]["baseline"]) == "64"  # what went wrong without the conversion
@@ -304,7 +294,7 @@ def test_load_clients_serve_many_runs_without_importing_the_callers_main(tmp_pat
     script.write_text(
         "import json, psutil, sys\n"
         "import xml.dom.minidom  # stands for the benchmark's heavy imports: nothing of the load generator needs it\n"
-        "from benchmarks.loadgen import LoadClients\n"
+        "from service.tune.loadgen import LoadClients\n"
         "from tests.loadgen_probe import imported\n"
         "if __name__ == '__main__':\n"
         "    with LoadClients(2) as clients:\n"
@@ -324,7 +314,7 @@ def test_load_clients_serve_many_runs_without_importing_the_callers_main(tmp_pat
 
 def test_noop_server_answers_every_request_of_the_load_generator(tmp_path) -> None:
     """The client-ceiling server: a real uvicorn on loopback, driven by the real load generator."""
-    from benchmarks.noop_server import noop_server
+    from benchmarks.peers.noop_server import noop_server
 
     images_dir = tmp_path / "images"
     write_benchmark_images(images_dir)
@@ -350,7 +340,7 @@ def test_preprocess_parity_measures_backends_against_pillow() -> None:
 def test_the_triton_peer_skips_a_pyenv_shim_that_does_not_run(tmp_path, monkeypatch) -> None:
     import os
 
-    from benchmarks.triton_env import find_python
+    from benchmarks.peers.triton_env import find_python
 
     shims = tmp_path / "shims"
     shims.mkdir()
@@ -397,7 +387,7 @@ def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
 
 def test_served_configs_name_their_artifact_by_backend_and_precision(tmp_path) -> None:
     from benchmarks.experiments import VISION_SERVE_CONFIGS, engine_label
-    from benchmarks.suite import Inputs
+    from benchmarks.harness.suite import Inputs
 
     inputs = Inputs("resnet152", tmp_path, tmp_path / "images", tmp_path / "w.pt")
     inputs.artifacts = {"inductor-fp32": tmp_path / "a", "onnx-fp32": tmp_path / "b"}
@@ -409,7 +399,7 @@ def test_served_configs_name_their_artifact_by_backend_and_precision(tmp_path) -
 
 
 def test_precisions_a_backend_refuses_are_skipped_without_compiling(tmp_path, caplog) -> None:
-    from benchmarks.suite import prepare_inputs
+    from benchmarks.harness.suite import prepare_inputs
 
     (tmp_path / "images").mkdir()
     torch.save({}, tmp_path / "resnet152-random-v2.pt")  # the weights file exists: nothing to build

@@ -1,4 +1,4 @@
-"""The GPU session's orchestration (benchmarks/gpu_session.py, gpu_carry.py, gpu_machine.py) on this
+"""The GPU session's orchestration (benchmarks/gpu/session.py, carry.py, machine.py) on this
 CPU: budgets, timeouts, nothing left running, delivery after every step whatever happens, reruns, the
 carried stream and lists, and the phases' plumbing. A GPU is lent rarely and for 15 device-minutes: a
 typo, an overrun or a missing module found there costs the run."""
@@ -21,8 +21,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks import gpu_carry, gpu_machine, gpu_session, gpu_suite
-from benchmarks.gpu_session import PHASES, Outcome, Session, Step, receive_parts, run_phase, run_step
+from benchmarks.gpu import carry as gpu_carry
+from benchmarks.gpu import machine as gpu_machine
+from benchmarks.gpu import session as gpu_session
+from benchmarks.gpu import suite as gpu_suite
+from benchmarks.gpu.session import PHASES, Outcome, Session, Step, receive_parts, run_phase, run_step
 
 SH = "/bin/sh"
 PY = sys.executable
@@ -159,8 +162,8 @@ def test_results_come_back_while_a_step_runs_and_a_killed_run_keeps_its_finished
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from benchmarks import gpu_session
-        from benchmarks.gpu_session import Session, Step, run_phase
+        from benchmarks.gpu import session as gpu_session
+        from benchmarks.gpu.session import Session, Step, run_phase
         gpu_session.PACK_EVERY_S = 0.5
         write = "import pathlib, time; pathlib.Path('{{results}}/{{name}}').write_text('x'); time.sleep({{sleep}})"
         first = write.format(results="{{results}}", name="first.json", sleep=0)
@@ -221,7 +224,7 @@ def test_a_signal_to_the_run_stops_the_running_step_and_its_servers(tmp_path) ->
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from benchmarks.gpu_session import Session, Step, run_phase
+        from benchmarks.gpu.session import Session, Step, run_phase
         serve = Step("serve", ("{PY}", "-c", {SERVER + "import time; time.sleep(60)" + chr(10)!r}, "{pid_file}"), 90, 0)
         run_phase("test", [serve], Session("test", 120.0, False, Path(sys.argv[1]), Path(sys.argv[2])))
     """)
@@ -304,7 +307,7 @@ def test_every_run_of_the_carry_plan_fits_with_room(tmp_path) -> None:
 def test_the_headline_carry_fits_its_limit_when_packed() -> None:
     core = gpu_carry.CARRY / "core"
     if not (core / ".carry").exists():
-        pytest.skip("no .carry/core here: bash benchmarks/gpu_pack.sh makes it (the dry-run test does)")
+        pytest.skip("no .carry/core here: bash benchmarks/gpu/pack.sh makes it (the dry-run test does)")
     assert gpu_carry.tree_bytes() + gpu_carry.folder_bytes(core) <= gpu_carry.HEADLINE_LIMIT
 
 
@@ -316,7 +319,7 @@ def commands() -> list[tuple[str, Step, tuple[str, ...]]]:
 def test_the_phases_name_only_suite_steps_tests_and_flags_that_exist() -> None:
     """A typo in a phase would cost a GPU run: check what each command names, here."""
     for phase, step, command in commands():
-        if "benchmarks.gpu_suite" in command:
+        if "benchmarks.gpu.suite" in command:
             named = command[command.index("--steps") + 1]
             assert set(filter(None, named.split(","))) <= set(gpu_suite.STEPS), (phase, step.name)
         if "pytest" in command:
@@ -358,7 +361,7 @@ def test_the_carry_covers_every_runtime_dependency_the_gpu_machine_lacks() -> No
     problems = gpu_machine.list_problems(machine, without, standin, runtime)
     assert len(problems) == 1 and problems[0].startswith("simplejpeg: a runtime dependency")
     problems = gpu_machine.list_problems(machine, carried, [*standin, "simplejpeg"], runtime)
-    assert len(problems) == 1 and problems[0].startswith("simplejpeg: in gpu_standin.txt but not on the GPU")
+    assert len(problems) == 1 and problems[0].startswith("simplejpeg: in standin.txt but not on the GPU")
 
 
 def test_requirement_lines_name_their_distribution() -> None:

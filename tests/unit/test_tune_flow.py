@@ -1,7 +1,7 @@
-"""The whole tune (benchmarks/tune/tuner.py) with compile-trt and the servers replaced at their seams by
-fakes that answer as a model would: the flow from engines to the answer, the confirm rounds, the
-budget, resuming, and every way a tune ends without an answer. The real servers and compiles run in
-tests/e2e/test_tune.py."""
+"""The whole tune (service/tune/tuner.py and its phases) with compile-trt and the servers replaced at
+their seams by fakes that answer as a model would: the flow from engines to the answer, the confirm
+rounds, the budget, resuming, and every way a tune ends without an answer. The real servers and
+compiles run in tests/e2e/test_tune.py."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ import json
 
 import pytest
 
-from benchmarks.tune import tuner as tuner_module
-from benchmarks.tune.engines import GATE_FAILED, OK, UNAVAILABLE, EngineBuild
-from benchmarks.tune.ladder import CLOSED, POISSON, RateSearch, Step
-from benchmarks.tune.machine import Machine
-from benchmarks.tune.measure import OK as MEASURED
-from benchmarks.tune.measure import Measurement
-from benchmarks.tune.settings import TuneSettings
-from benchmarks.tune.space import Candidate
-from benchmarks.tune.tuner import TuneFailed, Tuner, TuneSetupError
 from service.settings import read_config_file
+from service.tune import bench as bench_module
+from service.tune import builds as builds_module
+from service.tune import session as session_module
+from service.tune.engines import GATE_FAILED, OK, UNAVAILABLE, EngineBuild
+from service.tune.ladder import CLOSED, POISSON, RateSearch, Step
+from service.tune.machine import Machine
+from service.tune.measure import OK as MEASURED
+from service.tune.measure import Measurement
+from service.tune.settings import TuneSettings
+from service.tune.space import Candidate
+from service.tune.tuner import TuneFailed, Tuner, TuneSetupError
 
 DEFAULT = Candidate("onnx-fp32", 32, 1, 0.0, 0, 0, "pil", "cpu")
 ENGINE_SPEED = {"onnx-fp32": 100.0, "inductor-fp32": 60.0, "inductor-bf16": 130.0}
@@ -77,10 +79,10 @@ class FakeWorld:
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     fake = FakeWorld(tmp_path)
-    monkeypatch.setattr(tuner_module, "probe_machine", lambda device: Machine("cpu", 0, 2, True, "test CPU"))
-    monkeypatch.setattr(tuner_module, "default_candidate", lambda machine: DEFAULT)
-    monkeypatch.setattr(tuner_module, "build_engine", fake.build_engine)
-    monkeypatch.setattr(tuner_module, "measure", fake.measure)
+    monkeypatch.setattr(session_module, "probe_machine", lambda device: Machine("cpu", 0, 2, True, "test CPU"))
+    monkeypatch.setattr(session_module, "default_candidate", lambda machine: DEFAULT)
+    monkeypatch.setattr(builds_module, "build_engine", fake.build_engine)
+    monkeypatch.setattr(bench_module, "measure", fake.measure)
     images = tmp_path / "images"
     images.mkdir()
     (images / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not decoded by the fakes")

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from benchmarks.tune import _defaults
-from benchmarks.tune.ladder import CLOSED, POISSON, Ladder, RateSearch, Step, max_concurrency, step_requests
-from benchmarks.tune.measure import FAILED, OK, Measurement
-from benchmarks.tune.search import (
+from service.tune import _defaults
+from service.tune.ladder import CLOSED, POISSON, Ladder, RateSearch, Step, max_concurrency, step_requests
+from service.tune.measure import FAILED, OK, Measurement
+from service.tune.search import (
     FEASIBLE,
     INFEASIBLE,
     NOT_SERVED,
@@ -22,7 +22,7 @@ from benchmarks.tune.search import (
     quick_limit,
     quick_search,
 )
-from benchmarks.tune.space import DIMENSIONS, Candidate, SearchSpace, split_engine
+from service.tune.space import DIMENSIONS, Candidate, SearchSpace, split_engine
 
 
 def grid(**overrides) -> SearchSpace:
@@ -363,8 +363,8 @@ def test_quick_limit_is_a_share_of_the_grid_or_one_pass():
 
 
 def test_a_missed_step_is_run_again_and_judged_on_both_runs():
-    from benchmarks.loadgen import LoadResult, LoadSpec, Sample
-    from benchmarks.tune.ladder import confirm_miss
+    from service.tune.ladder import confirm_miss
+    from service.tune.loadgen import LoadResult, LoadSpec, Sample
 
     spec = LoadSpec(50, concurrency=2)
 

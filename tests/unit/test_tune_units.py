@@ -16,9 +16,10 @@ import time
 import psutil
 import pytest
 
-from benchmarks.tune import _defaults
-from benchmarks.tune.cli import build_parser, main, settings_from_args
-from benchmarks.tune.engines import (
+from service.settings import ServeSettings, read_config_file
+from service.tune import _defaults
+from service.tune.cli import build_parser, main, settings_from_args
+from service.tune.engines import (
     FAILED,
     GATE_FAILED,
     OK,
@@ -29,19 +30,18 @@ from benchmarks.tune.engines import (
     gate_or_reason,
     model_slug,
 )
-from benchmarks.tune.journal import Journal
-from benchmarks.tune.ladder import CLOSED, POISSON, Step
-from benchmarks.tune.machine import Machine, build_grid, engine_batch
-from benchmarks.tune.measure import OK as MEASURED
-from benchmarks.tune.measure import Measurement
-from benchmarks.tune.output import serve_toml, write_serve_config
-from benchmarks.tune.progress import TuneProgress, clock
-from benchmarks.tune.report import ConfirmRound, TuneRecord, csv_rows, markdown, ratio, write_csv, write_plot
-from benchmarks.tune.search import Objective
-from benchmarks.tune.settings import TuneSettings
-from benchmarks.tune.space import Candidate, SearchSpace
-from benchmarks.tune.tuner import out_of_time
-from service.settings import ServeSettings, read_config_file
+from service.tune.journal import Journal
+from service.tune.ladder import CLOSED, POISSON, Step
+from service.tune.machine import Machine, build_grid, engine_batch
+from service.tune.measure import OK as MEASURED
+from service.tune.measure import Measurement
+from service.tune.output import serve_toml, write_serve_config
+from service.tune.progress import TuneProgress, clock
+from service.tune.report import ConfirmRound, TuneRecord, csv_rows, markdown, ratio, write_csv, write_plot
+from service.tune.search import Objective
+from service.tune.search_phase import out_of_time
+from service.tune.settings import TuneSettings
+from service.tune.space import Candidate, SearchSpace
 
 CPU = Machine("cpu", 0, 2, True, "test CPU")
 DEFAULT = Candidate("onnx-fp32", 32, 1, 0.0, 0, 0, "pil", "cpu")
@@ -402,7 +402,7 @@ def test_tune_compare_reads_two_journals_and_replays_the_strategies(tmp_path):
     for c in space:
         if c != DEFAULT:
             full.add_measurement(measured(c))
-    from benchmarks.tune.search import quick_limit, quick_search
+    from service.tune.search import quick_limit, quick_search
 
     objective = Objective("throughput", 100.0)
     quick.add_measurement(measured(DEFAULT))
@@ -441,9 +441,9 @@ def test_head_to_head_of_one_configuration_needs_no_server(tmp_path):
 
 
 def test_head_to_head_sends_the_images_the_tunes_sent(tmp_path):
-    from benchmarks.images import read_images, write_benchmark_images
-    from benchmarks.tune.tuner import images_digest
     from benchmarks.tune_compare import tuned_images
+    from service.tune.images import read_images, write_benchmark_images
+    from service.tune.session import images_digest
 
     write_benchmark_images(tmp_path / "tune")  # what a tune without --images writes and digests
     digest = images_digest(read_images(tmp_path / "tune"))

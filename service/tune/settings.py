@@ -1,0 +1,191 @@
+"""One settings object for vision-tune; every field is one flag (service/tune/cli.py).
+
+Checked here for syntax only, without torch, so that ``--help`` and usage errors stay fast; what the
+machine offers (GPUs, bf16 units, preprocessing libraries) is asked in machine.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from compile import _defaults as compile_defaults
+from compile.cli_flags import check_device_flag
+from compile.model_request import ModelRequest, check_model_flags
+from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
+from service.tune import _defaults
+
+ENGINE_PATTERN = re.compile(r"^(?P<backend>[a-z]+)-(?P<precision>fp32|fp16|bf16)$")
+COMPILE_BACKENDS = tuple(b for b in compile_defaults.BACKENDS if b != "auto")
+
+
+@dataclass(frozen=True)
+class TuneSettings(ModelRequest):
+    """What to tune (ModelRequest's fields first: the model as compile-trt and vision-serve take it),
+    against which target, over which grid, and how to measure. Empty grid fields take the machine's
+    grid (_defaults.py: CPU_* or GPU_*)."""
+
+    weights: str = compile_defaults.DEFAULT_WEIGHTS
+    p99_ms: float = 0.0  # required
+    objective: str = _defaults.DEFAULT_OBJECTIVE
+    # The latency objective's load, Poisson arrivals per second; 0: what the defaults sustain at the target.
+    rate: float = 0.0
+    budget_min: float = 0.0  # 0: no time limit
+    search: str = _defaults.DEFAULT_SEARCH
+    images: str = ""  # empty: the project's benchmark photos
+    output: str = "tuned.toml"
+    work: str = ""  # empty: <output without .toml>.work beside it
+    artifacts: str = ""  # empty: <work>/artifacts
+    device: str = "auto"
+    engines: str = ""
+    max_batch_sizes: str = ""
+    batch_timeouts_ms: str = ""
+    workers_per_device: str = ""
+    api_servers: str = ""
+    pipeline_depths: str = ""
+    preprocess: str = ""
+    devices: str = ""
+    step_seconds: float = _defaults.STEP_SECONDS
+    min_requests: int = _defaults.MIN_REQUESTS
+    poisson_seconds: float = _defaults.POISSON_SECONDS
+    load_factor: float = _defaults.LOAD_FACTOR
+    max_concurrency: int = 0  # 0: from each configuration's batch capacity
+    client_processes: int = 0  # 0: 1 on a CPU, 4 on a GPU
+    confirm_rounds: int = _defaults.CONFIRM_ROUNDS
+    max_memory_mib: float = 0.0  # 0: no limit
+    gate_images: str = ""
+    gate_min_top1_agreement: float | None = None
+    gate_min_top5_overlap: float | None = None
+    gate_min_cosine: float | None = None
+    gate_max_rel_error: float | None = None
+    restart: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.p99_ms) and self.p99_ms > 0):
+            raise ValueError(
+                "--p99-ms is required: the latency target, in milliseconds, that the tuned configuration's p99 "
+                "must meet (e.g. --p99-ms 100)."
+            )
+        if self.objective not in _defaults.OBJECTIVES:
+            raise ValueError(
+                f"--objective must be throughput (most images/s within the target) or latency (lowest p99 at "
+                f"--rate), got {self.objective!r}."
+            )
+        if self.search not in _defaults.SEARCHES:
+            raise ValueError(
+                f"--search must be quick (coordinate descent) or full (every configuration), got {self.search!r}."
+            )
+        if not (math.isfinite(self.rate) and self.rate >= 0):
+            raise ValueError(
+                f"--rate must be requests per second >= 0 (0: what the defaults sustain), got {self.rate}."
+            )
+        if self.rate and self.objective != "latency":
+            raise ValueError("--rate is the load of --objective latency; with --objective throughput leave it out.")
+        for name in ("budget_min", "max_memory_mib"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: no limit), got {value}.")
+        for name in ("step_seconds", "poisson_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}.")
+        if not 0 < self.load_factor <= 1:
+            raise ValueError(
+                f"--load-factor must be in (0, 1]: the share of the closed-loop throughput offered as Poisson "
+                f"arrivals, got {self.load_factor}."
+            )
+        if self.min_requests < 10:
+            raise ValueError(f"--min-requests must be >= 10 (a p99 needs samples), got {self.min_requests}.")
+        for name in ("max_concurrency", "client_processes", "confirm_rounds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}.")
+        if not self.output.endswith(".toml"):
+            raise ValueError(f"--output must name a .toml file (vision-serve --config reads it), got {self.output!r}.")
+        check_device_flag(self.device)
+        check_model_flags(ModelRequest.from_settings(self))
+        self.grid_values()  # every grid list parses
+
+    def grid_values(self) -> dict[str, tuple]:
+        """The grid lists that were given, parsed (a dimension left out is not in the mapping)."""
+        parsers = {
+            "engines": parse_engines,
+            "max_batch_sizes": lambda text: parse_numbers("--max-batch-sizes", text, int, minimum=1),
+            "batch_timeouts_ms": lambda text: parse_numbers("--batch-timeouts-ms", text, float, minimum=0),
+            "workers_per_device": lambda text: parse_numbers("--workers-per-device", text, int, minimum=1),
+            "api_servers": lambda text: parse_numbers("--api-servers", text, int, minimum=0),
+            "pipeline_depths": lambda text: parse_numbers("--pipeline-depths", text, int, minimum=0),
+            "preprocess": parse_preprocess,
+            "devices": parse_devices,
+        }
+        return {name: parse(getattr(self, name)) for name, parse in parsers.items() if getattr(self, name)}
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output).expanduser().resolve()
+
+    @property
+    def work_dir(self) -> Path:
+        if self.work:
+            return Path(self.work).expanduser().resolve()
+        return self.output_path.with_suffix(_defaults.WORK_SUFFIX)
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return Path(self.artifacts).expanduser().resolve() if self.artifacts else self.work_dir / "artifacts"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def split_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_numbers(flag: str, text: str, kind: type, minimum: float) -> tuple:
+    try:
+        values = tuple(kind(part) for part in split_list(text))
+    except ValueError:
+        values = ()
+    if not values or any(not math.isfinite(v) or v < minimum for v in values):
+        example = "1,4,8,32" if kind is int else "0,10"
+        raise ValueError(f"{flag} takes numbers >= {minimum:g} separated by commas, e.g. {example}; got {text!r}.")
+    return tuple(sorted(set(values)))
+
+
+def parse_engines(text: str) -> tuple[str, ...]:
+    engines = []
+    for part in split_list(text):
+        match = ENGINE_PATTERN.match(part)
+        if not match or match.group("backend") not in COMPILE_BACKENDS:
+            raise ValueError(
+                f"--engines takes BACKEND-PRECISION pairs separated by commas, e.g. onnx-fp32,inductor-bf16 "
+                f"(backends: {', '.join(COMPILE_BACKENDS)}; precisions: fp32, fp16, bf16); got {part!r}."
+            )
+        if part not in engines:
+            engines.append(part)
+    if not engines:
+        raise ValueError(f"--engines names no engine: {text!r}.")
+    return tuple(engines)
+
+
+def parse_preprocess(text: str) -> tuple[str, ...]:
+    names = split_list(text)
+    unknown = [n for n in names if n not in PREPROCESS_BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"--preprocess takes backends from {', '.join(PREPROCESS_BACKENDS)}, got {text!r}.")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    names = split_list(text)
+    if not names:
+        raise ValueError(f"--devices names no device: {text!r}.")
+    for name in names:
+        if name == "auto":
+            raise ValueError("--devices takes cpu, cuda (every GPU) or cuda:N; auto is not a point of the grid.")
+        check_device_flag(name)
+    return tuple(dict.fromkeys(names))
