@@ -83,8 +83,8 @@ def inference_workers(server_process) -> list[psutil.Process]:
 
 @pytest.fixture(scope="session")
 def images_dir(tmp_path_factory: pytest.TempPathFactory):
-    """A folder of the benchmark photos (benchmarks.images), for the load generator and friends."""
-    from benchmarks.images import write_benchmark_images
+    """A folder of the benchmark photos (service.tune.images), for the load generator and friends."""
+    from service.tune.images import write_benchmark_images
 
     directory = tmp_path_factory.mktemp("bench-images")
     write_benchmark_images(directory)

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks import gpu_machine
-from benchmarks.gpu_session import DELIVERED, PHASES, STEP_TAG, TARBALL
+from benchmarks.gpu import machine as gpu_machine
+from benchmarks.gpu.session import DELIVERED, PHASES, STEP_TAG, TARBALL
 from tests.tools import REQUIRE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def standin_python() -> str:
     """Builds the stand-in venv once (minutes: torch 2.11 with its CUDA libraries, as on the machine)."""
     build = subprocess.run(
-        ["bash", "benchmarks/gpu_standin.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800
+        ["bash", "benchmarks/gpu/standin.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800
     )
     if "no Python 3.12 here" in build.stderr and os.environ.get(REQUIRE_ENV) != "1":
         pytest.skip(build.stderr.strip())

@@ -19,9 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
-from benchmarks.bad_inputs import bad_inputs
 from service.client.launcher import ServerProcess
 from service.worker.loop import EXIT_DEVICE_UNUSABLE
+from tests.bad_inputs import bad_inputs
 from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
 from tests.worker_hold import in_flight, queue_depth, worker_held
 

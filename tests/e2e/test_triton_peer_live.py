@@ -1,5 +1,5 @@
 """The Triton peer for real: tritonserver through PyTriton serving a real model under load, where its
-virtualenv has been made (``python -m benchmarks.triton_env --model``). Its pure parts are in
+virtualenv has been made (``python -m benchmarks.peers.triton_env --model``). Its pure parts are in
 tests/unit/test_triton_peer_units.py.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import triton_env
-from benchmarks.triton_peer import (
+from benchmarks.peers import triton_env
+from benchmarks.peers.triton_peer import (
     TritonPeerConfig,
     probe_jpeg,
 )
@@ -38,12 +38,12 @@ def test_the_triton_peer_serves_real_labels_under_load(tmp_path) -> None:
     if not triton_env.model_env_ready():
         pytest.skip(
             f"the PyTriton virtualenv with the model packages is not at {triton_env.default_venv()}: "
-            "make it with `python -m benchmarks.triton_env --model` (Python 3.13, ~6 GB)"
+            "make it with `python -m benchmarks.peers.triton_env --model` (Python 3.13, ~6 GB)"
         )
     import torch
 
-    from benchmarks.suite import closed
-    from benchmarks.triton_peer import classify, measure, running_peer
+    from benchmarks.harness.suite import closed
+    from benchmarks.peers.triton_peer import classify, measure, running_peer
     from compile.catalog import get_model_entry
     from compile.weights import load_model
 

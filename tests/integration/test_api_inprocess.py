@@ -16,9 +16,9 @@ import pytest
 from asgi_lifespan import LifespanManager
 from litserve.utils import wrap_litserve_start
 
-from benchmarks.bad_inputs import bad_inputs
 from service.litserve_api import ClassifierLitAPI
 from service.settings import ServeSettings
+from tests.bad_inputs import bad_inputs
 from tests.conftest import CAT_LABELS
 from tests.inprocess import started_in_process
 from tests.worker_hold import HOLD_TIMEOUT_S, worker_held

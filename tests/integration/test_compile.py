@@ -252,7 +252,7 @@ def test_manifest_round_trips_through_json(fp32_artifact) -> None:
 
 def test_server_settings_follow_the_artifact(fp32_artifact) -> None:
     from service.settings import ServeSettings
-    from service.supervisor.plan import apply_artifact
+    from service.supervisor.planning.planner import apply_artifact
 
     settings, manifest = apply_artifact(ServeSettings(artifact=str(fp32_artifact), max_batch_size=64), cuda_count=0)
     assert settings.max_batch_size == manifest.batch_max == 32  # clamped to what the engine accepts
@@ -262,7 +262,7 @@ def test_server_settings_follow_the_artifact(fp32_artifact) -> None:
 def test_tensorrt_artifact_is_served_on_one_gpu_without_a_gpu(fp32_artifact, tmp_path) -> None:
     """The device choice only (no GPU, no TensorRT here): a TensorRT engine is bound to one GPU."""
     from service.settings import ServeSettings
-    from service.supervisor.plan import apply_artifact
+    from service.supervisor.planning.planner import apply_artifact
 
     trt = {"backend": "tensorrt", "device_type": "cuda", "versions": {"torch": torch.__version__}}
     settings, _ = apply_artifact(ServeSettings(artifact=edited_copy(fp32_artifact, tmp_path, **trt)), cuda_count=4)

@@ -1,4 +1,4 @@
-"""The bad-input corpus (``benchmarks/bad_inputs.py``) against the header probe and the decoders, in process.
+"""The bad-input corpus (``tests/bad_inputs.py``) against the header probe and the decoders, in process.
 
 Each item must get an ``ImageError`` with one of its stated statuses from ``probe_image`` (where the
 header already tells), from ``pil`` and from ``dali`` (its CPU graph here), and must not disturb the
@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from benchmarks.bad_inputs import BadInput, bad_inputs
 from compile.catalog import get_model_entry
 from preprocessing import create_preprocessor
 from preprocessing.base import ImageDecodeError, PreparedBatch, Preprocessor
 from preprocessing.probe import probe_image
 from preprocessing.registry import backend_problem
+from tests.bad_inputs import BadInput, bad_inputs
 
 SPEC = get_model_entry("efficientnet-lite0").preprocess
 CORPUS = bad_inputs()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.torchserve_peer import (
+from benchmarks.peers.torchserve_peer import (
     TorchServeConfig,
     TorchServePorts,
     build_mar,

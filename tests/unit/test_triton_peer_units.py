@@ -1,4 +1,4 @@
-"""The Triton peer (benchmarks.triton_peer, benchmarks.triton_model) and its place in the experiments.
+"""The Triton peer (benchmarks.peers.triton_peer, benchmarks.peers.triton_model) and its place in the experiments.
 
 The pure parts run everywhere: its configuration and command line (read back with the peer's own
 parser), the KServe v2 request and answer, Triton's batch counters, the (g) table and the targets.
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import experiments, triton_env
+from benchmarks import experiments
 from benchmarks.experiments import TRITON_LABEL, triton_markdown, triton_targets
-from benchmarks.loadgen import _Sender, raw_image
-from benchmarks.triton_peer import (
+from benchmarks.peers import triton_env
+from benchmarks.peers.triton_peer import (
     JSON_HEADER_LENGTH,
     TritonPeerConfig,
     TritonPorts,
@@ -30,6 +30,7 @@ from benchmarks.triton_peer import (
     probe_jpeg,
     server_command,
 )
+from service.tune.loadgen import _Sender, raw_image
 from tests.unit.test_benchmarks_units import _records
 
 CAT_CLASSES = {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}
@@ -45,12 +46,12 @@ def test_config_rejects_nonsense() -> None:
 
 
 def test_the_command_line_is_what_the_peer_parses() -> None:
-    from benchmarks.triton_model import parse_args
+    from benchmarks.peers.triton_model import parse_args
 
     config = TritonPeerConfig("resnet152", Path("/work/resnet152 weights.pt"), threads=3, channels_last=False)
     command = server_command(Path("/venv/bin/python"), config, PORTS)
 
-    assert command[:3] == ["/venv/bin/python", "-m", "benchmarks.triton_model"]
+    assert command[:3] == ["/venv/bin/python", "-m", "benchmarks.peers.triton_model"]
     args = parse_args(command[3:])
     assert (args.model, args.weights) == ("resnet152", "/work/resnet152 weights.pt")
     assert (args.port, args.grpc_port, args.metrics_port) == (18000, 18001, 18002)
@@ -138,7 +139,7 @@ def test_batch_counters_are_read_per_model() -> None:
 def test_the_callable_classifies_a_cat_and_preprocesses_as_vision_serve() -> None:
     import torch
 
-    from benchmarks.triton_model import Classifier, eval_transform
+    from benchmarks.peers.triton_model import Classifier, eval_transform
     from compile.catalog import get_model_entry
     from preprocessing.pil_backend import PilPreprocessor
 
