@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from benchmarks.bad_inputs import bad_inputs
 from benchmarks.hostile_soak import predict_head, raw_exchange
 from service.client.launcher import ServerProcess, free_port
+from tests.bad_inputs import bad_inputs
 from tests.conftest import CAT_LABELS
 
 TIMEOUT_S = 1.0
@@ -70,11 +70,55 @@ def status_line(response: bytes) -> str:
     return response.split(b"\r\n", 1)[0].decode("latin-1")
 
 
-def server_errors_logged(server: ServerProcess) -> list[str]:
-    return [line for line in server.log_text().splitlines() if "Traceback" in line or "Exception in ASGI" in line]
+def wait_until(condition, what: str, timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail saying ``what`` was awaited if it does not in time."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.05)
 
 
-def test_a_client_that_leaves_mid_body_is_counted_499_not_500(server, chelsea_jpeg) -> None:
+class ServerLog:
+    """The lines the server logged since one test began: what that test's requests made it write,
+    not what the module's earlier tests did (one server error then fails the test that caused it)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.path = server.log_path
+        self.start = self.path.stat().st_size
+
+    def lines(self) -> list[str]:
+        with self.path.open("rb") as log:
+            log.seek(self.start)
+            return log.read().decode(errors="replace").splitlines()
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in self.lines())
+
+
+@pytest.fixture
+def log(server) -> ServerLog:
+    return ServerLog(server)
+
+
+def server_errors_logged(log: ServerLog) -> list[str]:
+    return [line for line in log.lines() if "Traceback" in line or "Exception in ASGI" in line]
+
+
+def images_answered_by_a_model(url: str) -> dict[str, float]:
+    """``vision_serve_model_images_total`` by code: images a model version's workers answered. The
+    HTTP process counts each answer a worker sends back; an image it refuses itself (its header
+    check, service/http/base/dispatch.py) never reaches a worker and is not counted here."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        sample.labels["code"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "vision_serve_model_images"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def test_a_client_that_leaves_mid_body_is_counted_499_not_500(server, log, chelsea_jpeg) -> None:
     before = request_counts(server.url)
     for _ in range(5):
         raw_exchange(server.port, predict_head(len(chelsea_jpeg)) + chelsea_jpeg[:1000], reset_after_send=True)
@@ -83,10 +127,10 @@ def test_a_client_that_leaves_mid_body_is_counted_499_not_500(server, chelsea_jp
         assert time.monotonic() < deadline, added(before, request_counts(server.url))
         time.sleep(0.1)
     assert set(added(before, request_counts(server.url))) == {"499"}
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
-def test_malformed_chunked_bodies_get_400_and_no_server_error(server) -> None:
+def test_malformed_chunked_bodies_get_400_and_no_server_error(server, log) -> None:
     before = request_counts(server.url)
     for chunk_size in (b"zz", b"ffffffffffffffffffff", b"-1"):
         head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -94,12 +138,15 @@ def test_malformed_chunked_bodies_get_400_and_no_server_error(server) -> None:
         assert status_line(response).startswith("HTTP/1.1 400"), response[:200]
     unknown = b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked, br\r\n\r\n0\r\n\r\n"
     assert status_line(raw_exchange(server.port, unknown))[9:10] == "4"
-    time.sleep(0.5)  # counts are made as the handlers finish
+    # Each of the four is a protocol error uvicorn logs; the three that reached /predict are counted
+    # as their handlers finish. Wait for both before reading the counts and the log.
+    wait_until(lambda: log.count("Invalid HTTP request received") >= 4, "4 protocol errors logged")
+    wait_until(lambda: sum(added(before, request_counts(server.url)).values()) >= 3, "3 /predict requests counted")
     assert not {code for code in added(before, request_counts(server.url)) if code.startswith("5")}
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
-def test_slow_headers_idle_connections_and_slow_bodies_get_408_and_are_closed(server, chelsea_jpeg) -> None:
+def test_slow_headers_idle_connections_and_slow_bodies_get_408_and_are_closed(server, log, chelsea_jpeg) -> None:
     before = request_counts(server.url)
     started = time.monotonic()
     with ThreadPoolExecutor(3) as pool:
@@ -110,9 +157,9 @@ def test_slow_headers_idle_connections_and_slow_bodies_get_408_and_are_closed(se
     assert all(status_line(a).startswith("HTTP/1.1 408") and not a.endswith(b"<still open>") for a in answers), answers
     assert b"--header-timeout-s" in answers[1] and b"--body-timeout-s" in answers[2]
     assert time.monotonic() - started < 8  # closed by the server, well before the client's own 10 s wait
-    time.sleep(0.5)
+    wait_until(lambda: "408" in added(before, request_counts(server.url)), "408 counted")
     assert added(before, request_counts(server.url)) == {"408": 1}  # the slow body was a /predict request
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
 def test_oversized_headers_get_431_and_ordinary_ones_pass(server, chelsea_jpeg) -> None:
@@ -148,10 +195,14 @@ def test_held_sockets_do_not_stop_ordinary_requests(server, chelsea_jpeg) -> Non
 
 @pytest.mark.parametrize("name", DECODE_COST_BOMBS)
 def test_images_whose_decode_would_cost_too_much_are_refused_before_decoding(server, name) -> None:
+    """Refused by the HTTP process's header check: no worker ever sees the image (the worker's own
+    probe would refuse it too, with the same 400, after it crossed to a worker and took a queue slot)."""
     item = next(i for i in bad_inputs() if i.name == name)
+    before = images_answered_by_a_model(server.url)
     response = httpx.post(f"{server.url}/predict", content=item.body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["detail"]
+    assert images_answered_by_a_model(server.url) == before  # counted before the answer is sent, if at all
 
 
 def test_an_ordinary_request_is_answered_while_expensive_images_arrive(server, chelsea_jpeg) -> None:
@@ -179,7 +230,7 @@ def raw_call(channel: grpc.Channel, method: str, body: bytes) -> grpc.RpcError:
     return caught.value
 
 
-def test_grpc_bytes_that_are_not_protobuf_are_invalid_argument_without_a_traceback(server, channel) -> None:
+def test_grpc_bytes_that_are_not_protobuf_are_invalid_argument_without_a_traceback(server, log, channel) -> None:
     good = service_pb2.ModelInferRequest(model_name="efficientnet-lite0", id="x" * 50).SerializeToString()
     bodies = {
         "random": bytes(range(256)) * 4,
@@ -194,28 +245,28 @@ def test_grpc_bytes_that_are_not_protobuf_are_invalid_argument_without_a_traceba
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error.code(), error.details())
         assert error.details() == "The ModelInfer request is not a valid protobuf message."
     assert added(before, request_counts(server.url)) == {"400": len(bodies)}
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
 @pytest.mark.parametrize("method", ["ModelConfig", "ModelStatistics", "SystemSharedMemoryStatus", "TraceSetting"])
-def test_grpc_unimplemented_rpcs_say_so_without_a_traceback(server, channel, method) -> None:
+def test_grpc_unimplemented_rpcs_say_so_without_a_traceback(server, log, channel, method) -> None:
     error = raw_call(channel, method, b"")
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED and method in error.details()
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
-def test_grpc_repository_calls_without_explicit_mode_say_how_to_turn_them_on(server, channel) -> None:
+def test_grpc_repository_calls_without_explicit_mode_say_how_to_turn_them_on(server, log, channel) -> None:
     error = raw_call(channel, "RepositoryIndex", b"")
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "--model-control explicit" in error.details()
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
-def test_grpc_streaming_infer_is_unimplemented_without_a_traceback(server, channel) -> None:
+def test_grpc_streaming_infer_is_unimplemented_without_a_traceback(server, log, channel) -> None:
     stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
     with pytest.raises(grpc.RpcError) as caught:
         list(stream(iter([b""]), timeout=10))
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
 def test_grpc_errors_quoting_huge_client_values_stay_short(server, channel) -> None:
@@ -231,10 +282,13 @@ def test_a_jpeg_frame_larger_than_its_coded_data_is_refused_beside_an_ordinary_p
     photo decoded in the same batch is answered as usual."""
     lying = next(i.body for i in bad_inputs() if i.name == "jpeg_frame_claims_1x65000")
     files = [("image", ("lying.jpg", lying)), ("image", ("cat.jpg", chelsea_jpeg))]
+    before = images_answered_by_a_model(server.url)
     response = httpx.post(f"{server.url}/predict", files=files, timeout=30)
     results = response.json()["results"]
     assert [r["status_code"] for r in results] == [400, 200], results
     assert "1x65000" in results[0]["detail"] and results[1]["predictions"][0]["label"] in CAT_LABELS
+    # Both reached the worker: the count that stays still for an image refused before a worker moves here.
+    assert added(before, images_answered_by_a_model(server.url)) == {"400": 1, "200": 1}
 
 
 @pytest.mark.parametrize("name", ["jpeg_frame_claims_9000x9000", "jpeg_frame_claims_1x65000"])
@@ -243,14 +297,18 @@ def test_grpc_lying_jpeg_is_invalid_argument(server, channel, name) -> None:
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name="IMAGE", datatype="BYTES", shape=[1])
     tensor.contents.bytes_contents.append(item.body)
     request = service_pb2.ModelInferRequest(model_name="efficientnet-lite0", inputs=[tensor])
+    before = images_answered_by_a_model(server.url)
     error = raw_call(channel, "ModelInfer", request.SerializeToString())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and name.rsplit("_", 1)[1] in error.details()
+    # 9000x9000 is refused by the HTTP process's header check; 1x65000 passes it and the worker refuses it.
+    reached_a_worker = {"400": 1} if name == "jpeg_frame_claims_1x65000" else {}
+    assert added(before, images_answered_by_a_model(server.url)) == reached_a_worker
 
 
 # --- the Open Inference Protocol over HTTP: the same rules on its routes ---
 
 
-def test_oip_http_a_client_that_leaves_mid_body_is_counted_499(server, chelsea_jpeg) -> None:
+def test_oip_http_a_client_that_leaves_mid_body_is_counted_499(server, log, chelsea_jpeg) -> None:
     before = request_counts(server.url)
     head = (
         f"POST /v2/models/efficientnet-lite0/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -261,11 +319,13 @@ def test_oip_http_a_client_that_leaves_mid_body_is_counted_499(server, chelsea_j
     while added(before, request_counts(server.url)) != {"499": 1}:
         assert time.monotonic() < deadline, added(before, request_counts(server.url))
         time.sleep(0.1)
-    assert not server_errors_logged(server)
+    assert not server_errors_logged(log)
 
 
 def test_oip_http_lying_and_expensive_images_are_refused(server) -> None:
+    """By the HTTP process's header check: no worker sees them."""
     client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    before = images_answered_by_a_model(server.url)
     for name in ("jpeg_frame_claims_9000x9000", "png_20000_empty_chunks"):
         body = next(i.body for i in bad_inputs() if i.name == name)
         tensor = triton_http.InferInput("IMAGE", [1], "BYTES")
@@ -274,3 +334,4 @@ def test_oip_http_lying_and_expensive_images_are_refused(server) -> None:
             client.infer("efficientnet-lite0", [tensor])
         assert caught.value.status() == "400", caught.value.message()
     assert "9000x9000" not in caught.value.message() and "chunks" in caught.value.message()
+    assert images_answered_by_a_model(server.url) == before
