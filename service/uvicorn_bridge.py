@@ -1,4 +1,6 @@
-"""Limits on each HTTP connection that uvicorn does not set: how long a request's headers and body may
+"""Every use of uvicorn's internals, in one place, checked against the versions it was written for.
+
+Limits on each HTTP connection that uvicorn does not set: how long a request's headers and body may
 take to arrive, and how large its headers may be. Runs in each HTTP process, inside uvicorn.
 
 uvicorn (with httptools) accepts headers of any size and waits for them, and for a body, forever; its
@@ -15,6 +17,11 @@ protocol with:
 
 One sweep per process every ``SWEEP_INTERVAL_S`` checks the deadlines of every open connection, so
 a request pays for a few clock reads, not for timers of its own.
+
+It subclasses uvicorn's non-public ``HttpToolsProtocol`` and reads its ``cycle``, ``connections``,
+``transport`` and ``loop``: the import checks the installed uvicorn against the range pyproject.toml
+pins, and tests/unit/test_uvicorn_bridge.py holds a contract test per internal used, so an upgrade
+that moves one fails there, by name.
 """
 
 from __future__ import annotations
@@ -24,9 +31,28 @@ import json
 import time
 from dataclasses import dataclass
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service import _defaults
+
+# The versions this file was checked against, as pyproject.toml pins them: [oldest, first not supported).
+SUPPORTED_UVICORN = ((0, 30), (0, 55))
+
+
+def check_uvicorn_version(installed: str) -> None:
+    low, high = SUPPORTED_UVICORN
+    release = tuple(int(part) for part in installed.split(".")[:2] if part.isdigit())
+    if not low <= release < high:
+        raise ImportError(
+            f"vision-serve subclasses uvicorn's HttpToolsProtocol, checked against uvicorn>={low[0]}.{low[1]},"
+            f"<{high[0]}.{high[1]}, but {installed} is installed: pip install 'uvicorn>={low[0]}.{low[1]},"
+            f"<{high[0]}.{high[1]}'. To move to a new version, run tests/unit/test_uvicorn_bridge.py against it "
+            "and fix service/uvicorn_bridge.py."
+        )
+
+
+check_uvicorn_version(uvicorn.__version__)
 
 SWEEP_INTERVAL_S = 0.25
 # Set in a request's ASGI scope when its body did not arrive in time (read by read_body).
@@ -115,9 +141,15 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             if self.transport.is_closing():
                 return
             cycle = self.cycle
-            if refusal is body_timeout and cycle is not None:
-                cycle.scope[BODY_TIMED_OUT] = True  # type: ignore[literal-required]
-            if cycle is None or not cycle.response_started:
+            if refusal is body_timeout:
+                if cycle is not None:
+                    cycle.scope[BODY_TIMED_OUT] = True  # type: ignore[literal-required]
+                answer = cycle is None or not cycle.response_started
+            else:
+                # Headers phase: this request has no cycle yet, and ``cycle`` is the previous one on a
+                # kept-alive connection; answer unless that one's response is still being written.
+                answer = cycle is None or cycle.response_complete
+            if answer:
                 self.transport.write(refusal)
             self.transport.close()
 
