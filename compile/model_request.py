@@ -20,9 +20,10 @@ PREPROCESS_FLAGS = ("resize_size", "crop_size", "mean", "std")
 
 @dataclass(frozen=True)
 class ModelRequest:
-    """The model flags shared by compile-trt and vision-serve, as given (empty or 0: not given)."""
+    """The model flags shared by compile-trt, vision-serve and vision-tune, as given (empty or 0: not
+    given). Their settings extend it, so each flag is declared here once."""
 
-    model: str
+    model: str = _defaults.DEFAULT_MODEL
     labels: str = ""  # a labels file, "imagenet", or empty: the model's own
     name: str = ""  # the served name; empty: derived from the model
     resize_size: int = 0
@@ -33,7 +34,7 @@ class ModelRequest:
 
     @classmethod
     def from_settings(cls, settings: object) -> ModelRequest:
-        """The request of any settings object with these fields (CompileSettings, ServeSettings)."""
+        """The request alone, out of any settings that extend it (CompileSettings, ServeSettings, TuneSettings)."""
         return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
 
     @property

@@ -24,20 +24,12 @@ def parse_batch(text: str) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class CompileSettings:
+class CompileSettings(ModelRequest):
     """What to compile and how. Defaults live in compile/_defaults.py."""
 
-    model: str = _defaults.DEFAULT_MODEL
+    # ModelRequest's fields first: the model, its classes and served name, and its preprocessing where
+    # it differs from the model's own (required for model files).
     weights: str = _defaults.DEFAULT_WEIGHTS
-    # The model's classes and served name, and its preprocessing where it differs from the model's
-    # own (required for model files): compile/model_request.py. Empty or 0: not given.
-    labels: str = ""
-    name: str = ""
-    resize_size: int = 0
-    crop_size: int = 0
-    mean: str = ""
-    std: str = ""
-    interpolation: str = ""
     backend: str = _defaults.DEFAULT_BACKEND
     precision: str = _defaults.DEFAULT_PRECISION
     batch: tuple[int, int, int] = _defaults.DEFAULT_BATCH

@@ -13,16 +13,16 @@ PREPROCESS = "auto"
 MAX_BATCH_SIZE = 32
 # How long the first request of a batch waits for others once the queue is drained. 0 (greedy, as
 # Triton's default max_queue_delay): an idle server runs a lone request at once, and under load
-# batches fill anyway from the requests that queue while the model is busy (service/worker/loop.py).
+# batches fill anyway from the requests that queue while the model is busy (service/worker/collector.py).
 # A window helps only when arrivals are sparse and a bigger batch costs little more than a small one.
 BATCH_TIMEOUT_MS = 0.0
 WORKERS_PER_DEVICE = 1
 # Batches in flight in each worker: 1 runs each batch start to end; 2 prepares the next batch
 # (decode, resize, upload on a CUDA stream of its own) while the model runs this one. 0: auto,
-# see service.supervisor.server.resolve_pipeline_depth.
+# see service.settings.resolve_pipeline_depth.
 PIPELINE_DEPTH = 0
 # HTTP processes (each parses, checks and queues requests, and turns answers into JSON); 0: auto,
-# see service.supervisor.server.resolve_api_servers.
+# see service.settings.resolve_api_servers.
 API_SERVERS = 0
 # Loopback by default, like TorchServe; containers pass --host 0.0.0.0.
 HOST = "127.0.0.1"

@@ -1,5 +1,5 @@
 """What is served, as every process reports it: ``ModelInfo``. The main process resolves it
-(service/supervisor/plan.py); the HTTP processes show it (``/info``, the Open Inference Protocol's
+(service/supervisor/planning/planner.py); the HTTP processes show it (``/info``, the Open Inference Protocol's
 metadata, the build_info metric)."""
 
 from __future__ import annotations

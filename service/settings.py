@@ -30,19 +30,11 @@ ALLOWED_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe's run() accepts
 
 
 @dataclass(frozen=True)
-class ServeSettings:
+class ServeSettings(ModelRequest):
+    # ModelRequest's fields first: the model, its labels, served name and preprocessing overrides,
+    # for the eager model; with --artifact its manifest fixes all but the name.
     artifact: str = _defaults.ARTIFACT
-    model: str = _defaults.MODEL
     weights: str = _defaults.WEIGHTS
-    # The model's labels, served name and preprocessing overrides (compile/model_request.py), for the
-    # eager model; with --artifact its manifest fixes all but the name. Empty or 0: not given.
-    labels: str = ""
-    name: str = ""
-    resize_size: int = 0
-    crop_size: int = 0
-    mean: str = ""
-    std: str = ""
-    interpolation: str = ""
     device: str = _defaults.DEVICE
     preprocess: str = _defaults.PREPROCESS
     max_batch_size: int = _defaults.MAX_BATCH_SIZE
@@ -187,6 +179,7 @@ class ServeSettings:
 
 def resolve_api_servers(requested: int, accelerator: str, inference_workers: int, cpu_count: int) -> int:
     """``--api-servers``: the number asked for, or for 0 a number that fits the devices and cores.
+    Resolved once per server, from every starting version's workers (service/supervisor/planning/layout.py).
 
     On a CPU the model's threads want every core, and a few dozen images per second need no more
     than LitServe's one HTTP process per inference worker. A GPU classifies thousands per second,
@@ -201,7 +194,8 @@ def resolve_api_servers(requested: int, accelerator: str, inference_workers: int
 
 
 def resolve_pipeline_depth(requested: int, accelerator: str) -> int:
-    """``--pipeline-depth``: the number asked for, or for 0 one that fits the device.
+    """``--pipeline-depth``: the number asked for, or for 0 one that fits the device. Resolved once,
+    in each version's plan (service/supervisor/planning/planner.py); the workers use the plan's.
 
     On a GPU, decoding and resizing the next batch (its own CUDA stream, and CPU work for the
     decoders) overlaps the engine's run of this one. On a CPU both stages want the same cores, so

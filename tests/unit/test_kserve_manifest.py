@@ -4,7 +4,7 @@ agree with the server they run.
 No cluster. The InferenceService is a custom resource: it is checked against KServe's own CRD schema
 (deploy/kserve/schema/, extracted from kserve/kserve by schema/extract_schema.py) with unknown fields
 rejected, as `kubectl apply` does by default. The pod KServe builds from spec.predictor, and the HPA,
-are checked with kubernetes-validate (strict) as tests/test_k8s_manifests.py does for deploy/k8s. The
+are checked with kubernetes-validate (strict) as tests/unit/test_k8s_manifests.py does for deploy/k8s. The
 other checks read the server's settings, compile-trt's flags and the deploy/k8s files they must match.
 """
 

@@ -17,7 +17,7 @@ from service.http.base.limits import RequestLimits
 from service.http.predict.parsing import decode_base64_image, predict_top_k, read_predict_request
 from service.http.predict.render import handle_service_error
 from service.settings import ServeSettings, env_overrides, resolve_api_servers, resolve_pipeline_depth
-from service.supervisor.plan import resolve_device
+from service.supervisor.planning.planner import resolve_device
 from service.worker.engine import bind_worker_device
 
 SMALL_LIMIT = 1000
@@ -324,7 +324,7 @@ def test_a_taken_grpc_port_is_refused_before_anything_starts(caplog) -> None:
     """SO_REUSEPORT would let the gRPC servers share a port with a stale server: serve() checks first."""
     import socket
 
-    from service.supervisor.plan import plan_serving
+    from service.supervisor.planning.planner import plan_serving
     from service.supervisor.server import build_server, check_port_free, serve
 
     with socket.socket() as holder:
@@ -351,7 +351,7 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
     so libraries that use the current device (CV-CUDA, nvImageCodec) work on the worker's own GPU."""
     import torch
 
-    from service.supervisor.plan import plan_serving
+    from service.supervisor.planning.planner import plan_serving
     from service.supervisor.server import build_server
     from service.worker.classifier import Classifier
 
@@ -379,7 +379,8 @@ def test_every_worker_binds_its_own_gpu_before_any_cuda_work_injected(monkeypatc
 def test_the_plan_crosses_the_pipe_without_the_api_key_and_comes_back_whole() -> None:
     """The main process gets its ServePlan from a child process that has torch (it must not), as
     JSON; the API key never travels, and is put back on this side."""
-    from service.supervisor.plan import ServePlan, plan_serving
+    from service.supervisor.planning.planner import plan_serving
+    from service.supervisor.planning.plans import ServePlan
 
     plan = plan_serving(ServeSettings(model="efficientnet-lite0", api_key="s3cret-key-of-some-length"), cuda_count=0)
     text = plan.to_json()
@@ -390,10 +391,10 @@ def test_the_plan_crosses_the_pipe_without_the_api_key_and_comes_back_whole() ->
 
 
 def test_the_planner_process_answers_a_plan_or_the_error_that_says_what_to_fix() -> None:
-    from service.supervisor.plan import start_planning
+    from service.supervisor.planning.launch import start_planning
 
     [version] = start_planning(ServeSettings(model="efficientnet-lite0", api_key="k3y-of-some-length")).result()
-    plan = version.plan
+    plan = version.serve_plan
     assert (version.name, version.version) == ("efficientnet-lite0", 1)  # a one-model repository
     assert plan.settings.api_key == "k3y-of-some-length" and plan.model.model == "efficientnet-lite0"
     with pytest.raises(ValueError, match="resnet15"):
