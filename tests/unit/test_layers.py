@@ -36,8 +36,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.http.predict", "service.http.oip"),
     ("service.http.grpc",),
     ("service.http.process", "service.http.routes", "service.supervisor.planning"),
+    # the model pool (workers, restarts, routing table, repository calls), then the server that runs it
+    ("service.supervisor.pool",),
     ("service.supervisor",),
     ("service.cli", "service.litserve_api", "service.demo"),
+    # vision-tune, a process of its own that starts compile-trt and servers: nothing of the server imports it
+    ("service.tune",),
 ]
 # The client runs in the caller's process: it imports nothing of the server.
 CLIENT = "service.client"
@@ -121,3 +125,18 @@ def test_the_checks_see_an_upward_import_and_a_cycle() -> None:
     planted = {**GRAPH, "service.errors": {"service.wire"}}
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter(planted).prepare()
+
+
+MAX_CLASS_LINES = 150
+
+
+def test_no_class_in_service_passes_150_lines() -> None:
+    """A class that grows past this does more than one job (issue 41): split it by job, as the model
+    pool (service/supervisor/pool/) and the worker's loop (service/worker/) were."""
+    long = [
+        f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    ]
+    assert not long, long
