@@ -11,6 +11,7 @@ worker still loads, each fail here; tests/e2e/test_model_repository.py checks th
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from service.litserve_bridge import ERROR, READY, STARTING
 from service.model_info import ModelInfo
 from service.repository.table import RoutingTable, TableFile
 from service.settings import ServeSettings
+from service.supervisor.planning.layout import server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 from service.supervisor.pool import workers as workers_module
 from service.supervisor.pool.repository_operations import LoadFailed, RepositoryOperations
@@ -256,3 +258,16 @@ def test_a_failing_load_keeps_the_old_version_serving(pool: Pool) -> None:
     assert not pool.litserve.processes[2].is_alive() and not pool.litserve.processes[3].is_alive()
     assert 2 not in pool.litserve.states and not setup_error_path(str(pool.litserve.directory), 3).exists()
     assert [e["version"] for e in pool.operations.index()] == ["1"]
+
+
+def test_the_server_layout_is_what_every_starting_version_shares() -> None:
+    """One server, one device layout: the HTTP processes are sized from every starting version's
+    workers, and a version for another accelerator is refused with what to do."""
+    cpu = [version_plan(1, workers=2), version_plan(2, workers=3)]
+    layout = server_layout(cpu, ServeSettings(), cpu_count=8)
+    assert (layout.accelerator, layout.devices, layout.worker_env) == ("cpu", "auto", {})
+    assert layout.api_servers == 5  # on a CPU, one HTTP process per inference worker
+    gpu = VersionPlan("pets", 3, dataclasses.replace(cpu[0].serve_plan, accelerator="cuda", devices=1))
+    assert not layout.fits(gpu.serve_plan)
+    with pytest.raises(ValueError, match=r"one server serves one device layout\. Recompile one, or pass --device"):
+        server_layout([*cpu, gpu], ServeSettings(), cpu_count=8)

@@ -37,18 +37,15 @@ def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_cou
             "(compile-trt --model ... --output DIR/<name>/1)."
         )
     first = plans[0].serve_plan
+    workers = sum(plan.serve_plan.workers for plan in plans)
+    cpus = cpu_count or os.cpu_count() or 1
+    api_servers = resolve_api_servers(settings.api_servers, first.accelerator, workers, cpus)
+    layout = ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)
     for plan in plans[1:]:
-        if (plan.serve_plan.accelerator, plan.serve_plan.devices, plan.serve_plan.worker_env) != (
-            first.accelerator,
-            first.devices,
-            first.worker_env,
-        ):
+        if not layout.fits(plan.serve_plan):
             raise ValueError(
                 f"Model {plan.name} version {plan.version} is compiled for {plan.serve_plan.accelerator}, and "
                 f"{plans[0].name} version {plans[0].version} for {first.accelerator}: one server serves one device "
                 "layout. Recompile one, or pass --device."
             )
-    workers = sum(plan.serve_plan.workers for plan in plans)
-    cpus = cpu_count or os.cpu_count() or 1
-    api_servers = resolve_api_servers(settings.api_servers, first.accelerator, workers, cpus)
-    return ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)
+    return layout
