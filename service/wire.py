@@ -48,10 +48,6 @@ class Answer:
     retry_after_s: int | None = None
 
 
-def error_answer(status_code: int, detail: str, *, retry_after_s: int | None = None) -> Answer:
-    return Answer(status_code=status_code, detail=detail, retry_after_s=retry_after_s)
-
-
 def answer_for(error: ServiceError) -> Answer:
     """The ``Answer`` of one image that met ``error``: it fails alone among the others."""
     return Answer(status_code=error.status, detail=error.message, retry_after_s=error.retry_after_s)

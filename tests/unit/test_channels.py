@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
-from service.wire import Answer, ImageRequest, QueuedRequest, error_answer
+from service.wire import Answer, ImageRequest, QueuedRequest
 
 TIMEOUT_S = 5.0
 
@@ -100,12 +100,12 @@ def test_failing_a_worker_answers_its_requests_and_drops_what_it_never_took(tmp_
         await asyncio.sleep(0)
         assert 0 not in api._outbox, "sent: the purge must reach the pipe, not only the outbox"
         queued_in = api._requests[0]
-        assert api.fail_worker(0, error_answer(503, "worker died")) == 3
+        assert api.fail_worker(0, Answer(status_code=503, detail="worker died")) == 3
         # Gone when fail_worker returns, not later in a reaper thread: a worker that binds after this
         # can never be reached by that socket's queue (it once was, under load).
         assert queued_in.closed and queued_in.context.closed
         assert [f.result().status_code for f in held] == [503, 503, 503]
-        assert api.pick_worker([0]) == 0 and api.fail_worker(0, error_answer(503, "again")) == 0
+        assert api.pick_worker([0]) == 0 and api.fail_worker(0, Answer(status_code=503, detail="again")) == 0
         restarted = WorkerChannel(config, 0)
         try:
             assert restarted.receive(0.5) is None, "the restarted worker must not run answered requests"
@@ -172,7 +172,7 @@ def test_an_answer_to_a_gone_http_process_does_not_block_the_worker(tmp_path: Pa
     worker = WorkerChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
     started = time.monotonic()
     for i in range(100):  # nobody binds answers-0
-        worker.answer(QueuedRequest(0, i, ImageRequest(b"")), error_answer(504, "late"))
+        worker.answer(QueuedRequest(0, i, ImageRequest(b"")), Answer(status_code=504, detail="late"))
     assert time.monotonic() - started < 2.0
     worker.close()
 

@@ -30,7 +30,7 @@ from service.http.oip.tensors import (
     failed_items,
     serialize_bytes,
 )
-from service.wire import Answer, error_answer
+from service.wire import Answer
 
 LIMIT = 64
 
@@ -172,12 +172,12 @@ def test_http_response_binary_and_json_parts_parse_with_tritonclient() -> None:
 def test_a_failed_item_fails_the_request_naming_it() -> None:
     failed_items([answer((1, "a", 1.0))])  # nothing failed: no error
     with pytest.raises(ServiceError) as caught:
-        failed_items([answer((1, "a", 1.0)), error_answer(415, "not an image"), None])
+        failed_items([answer((1, "a", 1.0)), Answer(status_code=415, detail="not an image"), None])
     assert (
         caught.value.status == 400 and "Image(s) 1 " in caught.value.message and "not an image" in caught.value.message
     )
     with pytest.raises(ServiceError) as caught:
-        failed_items([error_answer(415, "bad"), error_answer(504, "late")])
+        failed_items([Answer(status_code=415, detail="bad"), Answer(status_code=504, detail="late")])
     assert caught.value.status == 504  # a server-side failure is the request's own status
 
 
