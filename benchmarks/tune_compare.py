@@ -37,8 +37,8 @@ from service.settings import read_config_file
 from service.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
 from service.tune.report import ConfirmRound, confirm_ratios, ratio
 from service.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
+from service.tune.session import images_digest, load_images
 from service.tune.space import Candidate, SearchSpace
-from service.tune.tuner import images_digest, load_images
 
 logger = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from service.tune.progress import clock
 from service.tune.report import TuneRecord
 from service.tune.search import quick_limit
 from service.tune.search_phase import SearchPhase
-from service.tune.session import TuneSession, images_digest, load_images
+from service.tune.session import TuneSession
 from service.tune.settings import TuneSettings
 
-# The entry point's names; images_digest and load_images also for benchmarks/tune_compare.py.
-__all__ = ["TuneFailed", "TuneOutcome", "TuneSetupError", "Tuner", "images_digest", "load_images"]
+# The entry point's names (the errors are raised by the phases).
+__all__ = ["TuneFailed", "TuneOutcome", "TuneSetupError", "Tuner"]
 
 
 @dataclass
