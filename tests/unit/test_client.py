@@ -29,3 +29,15 @@ def test_error_answers_become_classify_errors(status: int, content: bytes, detai
 def test_a_200_that_is_not_a_vision_serve_answer(content: bytes) -> None:
     with pytest.raises(ClassifyError, match="Not a vision-serve answer"):
         _parse(httpx.Response(200, content=content, request=REQUEST))
+
+
+def test_the_clients_own_defaults_agree_with_the_servers() -> None:
+    """The client imports nothing of the server (no torch on a client machine), so it keeps copies of
+    what it must agree on: the default address, top_k and its bound, and the variable names."""
+    from service import _defaults as server
+    from service.client import _defaults as client
+    from service.settings import env_var
+
+    assert f"http://{server.HOST}:{server.PORT}" == client.URL
+    assert (client.TOP_K, client.MAX_TOP_K) == (server.TOP_K, server.MAX_TOP_K)
+    assert (env_var("api_key"), env_var("port")) == (client.API_KEY_ENV, client.PORT_ENV)
