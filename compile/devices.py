@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import logging
 import platform
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def cpu_name() -> str:
@@ -44,11 +47,30 @@ def cpu_isa() -> str:
     Finer than torch's capability: an AVX-512 CPU without VNNI, bf16 or AMX (Skylake-SP) reports
     the same ``AVX512`` but cannot run code built with those extensions.
     """
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    tokens = str(pick_vec_isa()).split()
+        tokens = str(pick_vec_isa()).split()
+    except Exception as exc:  # torch._inductor.exc.InvalidCxxCompiler: inductor test-builds with g++
+        # Images without a C++ compiler (the CPU image) still describe their CPU: inductor's names from
+        # torch's own probes. AOTInductor itself needs the compiler and says so when it runs.
+        logger.debug("inductor cannot probe the vector ISA (%s): reading torch's CPU probes instead", exc)
+        tokens = probed_vec_isa()
     tokens += [token for token in ("avx512_bf16", "amx_tile") if cpu_has(token)]
     return " ".join(tokens)
+
+
+def probed_vec_isa() -> list[str]:
+    """Inductor's vector-ISA names for this CPU (``avx512 avx512_vnni``, ``avx2``), from torch's CPU
+    probes rather than a test build: what pick_vec_isa answers where a compiler is present."""
+    import torch.cpu
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512":
+        return ["avx512", "avx512_vnni"] if torch.cpu._is_vnni_supported() else ["avx512"]
+    if capability == "AVX2":
+        return ["avx2"]
+    return [capability.lower()] if capability not in ("DEFAULT", "") else []
 
 
 # CPU extensions torch can probe, by their /proc/cpuinfo name: the probe's name in torch.cpu (torch 2.11

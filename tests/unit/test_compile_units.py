@@ -409,3 +409,17 @@ def test_cpu_isa_names_the_extensions_proc_cpuinfo_lists():
     for feature in CPU_FEATURE_PROBES:
         assert cpu_has(feature) == (feature in flags), feature
         assert (feature in cpu_isa().split()) == (feature in flags), feature
+
+
+def test_cpu_isa_without_a_cxx_compiler_names_what_inductor_names():
+    """The CPU image has no g++, which inductor's ISA probe builds with: the probe from torch's own CPU
+    checks must give the same names (artifacts compiled elsewhere are compared against them)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    from compile.devices import probed_vec_isa
+
+    try:
+        with_compiler = str(pick_vec_isa()).split()
+    except Exception as exc:
+        pytest.skip(f"no C++ compiler here for inductor's probe: {exc}")
+    assert probed_vec_isa() == with_compiler
