@@ -31,6 +31,7 @@ TIMM_PREFIX = "timm:"
 TIMM_DEFAULT_CROP_PCT = 0.875
 
 LOG_LEVELS = ("debug", "info", "warning", "error")  # for compile-trt and vision-serve
+LOG_FORMATS = ("text", "json")  # text for a terminal, one JSON object per line for a log pipeline
 
 # ---- compile-trt --------------------------------------------------------------------------------
 BACKENDS = ("auto", "tensorrt", "inductor", "onnx", "eager")

@@ -6,13 +6,15 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import Field, fields
 
 from compile import _defaults
 from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
 from compile.settings import CompileSettings, parse_batch
 from preprocessing.spec import SUPPORTED_INTERPOLATIONS
+
+logger = logging.getLogger("compile.cli")
 
 EXIT_GATE_FAILED = 3
 EXIT_UNAVAILABLE = 4
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "backend": {"choices": _defaults.BACKENDS},
         "precision": {"choices": _defaults.PRECISIONS},
         "log_level": {"choices": _defaults.LOG_LEVELS},
+        "log_format": {"choices": _defaults.LOG_FORMATS},
         "interpolation": {"choices": SUPPORTED_INTERPOLATIONS},
         **{name: {"type": float, "metavar": "X"} for name in GATE_OVERRIDES},
     }
@@ -90,9 +93,7 @@ def settings_from_args(args: argparse.Namespace) -> CompileSettings:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _, settings = parse_settings(parser, argv, settings_from_args)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    say = configure_output(settings.log_level, settings.log_format)
     # Heavy imports (torch, torchvision) after argument checks, so --help and usage errors are fast.
     from compile.backends import BackendUnavailable
     from compile.build import GateFailed, compile_artifact
@@ -105,21 +106,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = compile_artifact(settings, Progress())
     except GateFailed as exc:
-        print(f"compile-trt: accuracy gate FAILED, no artifact written:\n{exc.report.summary()}", file=sys.stderr)
+        say(f"compile-trt: accuracy gate FAILED, no artifact written:\n{exc.report.summary()}", logging.ERROR)
         return EXIT_GATE_FAILED
     except BackendUnavailable as exc:
-        print(f"compile-trt: {exc}", file=sys.stderr)
+        say(f"compile-trt: {exc}", logging.ERROR)
         return EXIT_UNAVAILABLE
     except (ValueError, WeightsError) as exc:  # labels, model files, weights: what to change, exit 2
         parser.error(str(exc))
     manifest = result.manifest
     state = "up to date (cache hit)" if result.cached else f"compiled in {manifest.compile_seconds:.1f} s"
-    print(f"{result.directory}: {manifest.model} {manifest.engine_name} on {manifest.device_type}, {state}")
-    print(f"accuracy gate passed:\n{_summary(manifest.validation)}")
-    print(f"serve it: vision-serve --artifact {result.directory}")
+    say(f"{result.directory}: {manifest.model} {manifest.engine_name} on {manifest.device_type}, {state}")
+    say(f"accuracy gate passed:\n{_summary(manifest.validation)}")
+    say(f"serve it: vision-serve --artifact {result.directory}")
     if result.triton_repository is not None:
-        print(f"Triton model repository: {result.triton_repository} (tritonserver --model-repository ...)")
+        say(f"Triton model repository: {result.triton_repository} (tritonserver --model-repository ...)")
     return 0
+
+
+def configure_output(level: str, log_format: str) -> Callable[..., None]:
+    """Log records to stderr in ``log_format``; returns how the outcome is told: printed for a terminal
+    (errors to stderr), or, in JSON, as log records, so that a container's log stays one JSON stream."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        from compile.json_logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+    def say(text: str, level: int = logging.INFO) -> None:
+        if log_format == "json":
+            logger.log(level, text)
+        else:
+            print(text, file=sys.stderr if level >= logging.ERROR else sys.stdout)
+
+    return say
 
 
 def entry(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ SHARED_HELP = {
     "interpolation": "resize interpolation: bilinear, bicubic or nearest; not given: the model's (bilinear for "
     "model files)",
     "log_level": "logging level",
+    "log_format": "text, or json: one object per line, as vision-serve --log-format json (the images use it)",
 }
 # What --device takes besides cuda:N.
 NAMED_DEVICES = ("auto", "cpu", "cuda")

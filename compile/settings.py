@@ -48,8 +48,12 @@ class CompileSettings(ModelRequest):
     triton_repository: str = ""
     force: bool = False
     log_level: str = "info"
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
+        if self.log_format not in _defaults.LOG_FORMATS:
+            formats = ", ".join(_defaults.LOG_FORMATS)
+            raise ValueError(f"--log-format must be one of {formats}, got {self.log_format!r}.")
         if self.backend not in _defaults.BACKENDS:
             raise ValueError(f"--backend must be one of {', '.join(_defaults.BACKENDS)}, got {self.backend!r}.")
         if self.precision not in _defaults.PRECISIONS:

@@ -9,25 +9,22 @@ them through the root handler so every line has one format.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import sys
 import time
 from typing import TextIO
 
+from compile._defaults import LOG_FORMATS
+from compile.json_logs import JsonFormatter
 from compile.torch_logging import adopt_torch_logger
 
-__all__ = ["LOG_FORMATS", "adopt_library_loggers", "adopt_torch_logger", "configure_logging"]
+__all__ = ["LOG_FORMATS", "JsonFormatter", "adopt_library_loggers", "adopt_torch_logger", "configure_logging"]
 
-LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 # The request being handled in this task; set by the HTTP middleware (service/http/base/observer.py).
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("vision_serve_request_id", default=None)
 # Loggers that bring their own handlers; we want their records in our format instead.
 _LIBRARY_LOGGERS = ("litserve", "uvicorn", "uvicorn.error", "uvicorn.access")
-# LogRecord's own attributes: anything else on a record came from ``extra=`` and goes into the JSON.
-# (uvicorn adds color_message: the message again, with terminal colour codes.)
-_RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "request_id", "color_message"}
 
 
 class RequestIdFilter(logging.Filter):
@@ -53,30 +50,6 @@ class TextFormatter(logging.Formatter):
         text = super().format(record)
         request_id = getattr(record, "request_id", None)
         return f"{text} [request_id={request_id}]" if request_id else text
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time (UTC, ISO 8601), level, logger, process, message, request_id and
-    any ``extra=`` fields; exceptions as one string."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "process": record.processName,
-            "pid": record.process,
-            "message": record.getMessage(),
-        }
-        request_id = getattr(record, "request_id", None)
-        if request_id:
-            entry["request_id"] = request_id
-        for key, value in vars(record).items():
-            if key not in _RECORD_FIELDS and not key.startswith("_"):
-                entry[key] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
 
 
 def configure_logging(level: str, log_format: str = "text", stream: TextIO | None = None) -> None:

@@ -17,7 +17,30 @@
 # engine is built for the GPU model and library versions it will run on.
 set -euo pipefail
 
-log() { printf 'entrypoint: %s\n' "$*" >&2; }
+# VISION_SERVE_LOG_FORMAT=json (the images' default): this script's lines and compile-trt's are JSON
+# objects too, as vision-serve's are, so that the container's log is one stream a shipper can parse.
+LOG_FORMAT=${VISION_SERVE_LOG_FORMAT:-text}
+
+json_string() { # $1 as a JSON string: backslashes, quotes and control characters escaped
+	local text=${1//\\/\\\\}
+	text=${text//\"/\\\"}
+	text=${text//$'\n'/\\n}
+	text=${text//$'\t'/\\t}
+	printf '"%s"' "${text//[$'\001'-$'\037']/ }"
+}
+
+emit() { # emit LEVEL MESSAGE...: one line on stderr, in LOG_FORMAT
+	local level=$1
+	shift
+	if [[ $LOG_FORMAT == json ]]; then
+		printf '{"time": "%s", "level": "%s", "logger": "entrypoint", "pid": %d, "message": %s}\n' \
+			"$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$level" "$$" "$(json_string "$*")" >&2
+	else
+		printf 'entrypoint: %s\n' "$*" >&2
+	fi
+}
+log() { emit info "$@"; }
+log_error() { emit error "$@"; }
 
 # compile-trt always runs (unless VISION_SERVE_COMPILE=0) and decides for itself: its cache key covers
 # the model, weights, backend, precision, batch, GPU and library versions, so an artifact that is up to
@@ -30,7 +53,7 @@ compile_artifact() {
 	# The usual first-start failure: a bind-mounted host folder the image's user (a fixed UID) cannot
 	# write. Said plainly here instead of as a Python traceback.
 	if ! mkdir -p -- "$parent" 2>/dev/null || [[ ! -w $parent ]]; then
-		log "cannot create or write ${parent} (as uid $(id -u)): give the image's user a writable volume" \
+		log_error "cannot create or write ${parent} (as uid $(id -u)): give the image's user a writable volume" \
 			"(a named volume, or chown the host folder to uid $(id -u)), or set VISION_SERVE_COMPILE=0 to serve" \
 			"an artifact as it is."
 		return 1
@@ -41,6 +64,9 @@ compile_artifact() {
 	# shellcheck disable=SC2206
 	args=(${VISION_SERVE_COMPILE_ARGS:-})
 	set +f
+	if [[ " ${args[*]} " != *" --log-format"* ]]; then
+		args+=(--log-format "$LOG_FORMAT")
+	fi
 	log "compile-trt ${args[*]} --output ${artifact} (a cache hit when the artifact is up to date)"
 	# In the background with a trap, so that `docker stop` during a compile of several minutes stops
 	# it at once: bash runs a trap only after its foreground child exits. The trap is set first, so
@@ -59,15 +85,15 @@ compile_artifact() {
 	trap - TERM INT
 	case $status in
 	0) return 0 ;;
-	2) log "compile-trt rejected its arguments (see its message above); check VISION_SERVE_COMPILE_ARGS." ;;
-	3) log "the accuracy gate failed: the compiled engine disagrees with eager fp32 beyond the thresholds, so no" \
+	2) log_error "compile-trt rejected its arguments (see its message above); check VISION_SERVE_COMPILE_ARGS." ;;
+	3) log_error "the accuracy gate failed: the compiled engine disagrees with eager fp32 beyond the thresholds, so no" \
 		"artifact was written. Try another --precision or --backend in VISION_SERVE_COMPILE_ARGS." ;;
-	4) log "the compile backend is not available here (see above). For --backend tensorrt the container needs a" \
+	4) log_error "the compile backend is not available here (see above). For --backend tensorrt the container needs a" \
 		"GPU (docker run --gpus all, or compose's device reservation) and an image with torch_tensorrt." ;;
-	130 | 143) log "the compile was interrupted by a signal; nothing was written, the next start compiles again." ;;
-	*) log "compile-trt failed with exit code ${status} (see its log above)." ;;
+	130 | 143) log_error "the compile was interrupted by a signal; nothing was written, the next start compiles again." ;;
+	*) log_error "compile-trt failed with exit code ${status} (see its log above)." ;;
 	esac
-	log "not starting vision-serve: no up-to-date artifact in ${artifact}."
+	log_error "not starting vision-serve: no up-to-date artifact in ${artifact}."
 	return "$status"
 }
 

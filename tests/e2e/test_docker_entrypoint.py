@@ -101,6 +101,7 @@ def first_start(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         tmp_path_factory.mktemp("first") / "entrypoint.log",
         VISION_SERVE_ARTIFACT=str(artifact),
         VISION_SERVE_COMPILE_ARGS=LITE0_COMPILE_ARGS,
+        VISION_SERVE_LOG_FORMAT="json",  # as the images set it
     )
     try:
         run.wait_ready(READY_TIMEOUT_S)
@@ -125,6 +126,22 @@ def test_first_start_compiles_the_artifact_then_serves_it(
     # The script's own arguments reached vision-serve.
     scrape = httpx.get(f"{first_start.url}/metrics", timeout=10).text
     assert re.search(r"^vision_serve_requests_in_flight_limit 7(\.0)?$", scrape, re.M), scrape
+
+
+def test_json_log_format_makes_the_whole_start_one_json_stream(first_start: ServerProcess) -> None:
+    """The script's lines, compile-trt's (progress, gate report) and the server's: one JSON object each."""
+    lines = [line for line in first_start.log_text().splitlines() if line.strip()]
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            pytest.fail(f"not a JSON line in a json-format start: {line!r}")
+    loggers = {entry["logger"] for entry in entries}
+    assert {"entrypoint", "compile.cli", "compile.progress"} <= loggers, loggers
+    assert any(name.startswith("service.") for name in loggers), loggers
+    assert all({"time", "level", "message"} <= entry.keys() for entry in entries)
+    assert any("accuracy gate passed" in entry["message"] for entry in entries)
 
 
 def test_dashboard_and_alert_metrics_are_in_a_real_scrape(first_start: ServerProcess, chelsea_jpeg: bytes) -> None:
