@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-slow gpu-dry-run lint clean
+.PHONY: demo test test-fast test-slow gpu-dry-run image lint clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test-fast: $(VENV)/.installed-test
 # about 4 minutes (the stand-in: 3 more minutes and 5 GB the first time). The slow tier runs it too.
 gpu-dry-run:
 	bash benchmarks/gpu_headline.sh --dry-run
+
+# The CPU image (Dockerfile) with podman, on a Debian + Python base made here when missing (no registry
+# needed); the image's reference is the last line printed. docs/deployment.md: options, the GPU image.
+image:
+	@bash deploy/podman/image.sh cpu
 
 clean:
 	rm -rf $(VENV) .standin .carry .pytest_cache .ruff_cache *.egg-info
