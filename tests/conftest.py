@@ -2,7 +2,7 @@
 
 Tiers, by folder: ``tests/unit`` (no server, no model run beyond a few milliseconds: ``make test-fast``),
 ``tests/integration`` (a real worker or compiler in process), ``tests/e2e`` (real servers as
-subprocesses on loopback).
+subprocesses on loopback), ``tests/container`` (the images built and run with podman: slow, always).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from compile.sample_photos import CAT_LABELS, sample_photo, sample_photo_file
 __all__ = ["CAT_LABELS"]  # the tests import it from here
 
 
-TIERS = ("unit", "integration", "e2e")  # the folders under tests/: where a test lives says what it needs
+TIERS = ("unit", "integration", "e2e", "container")  # the folders under tests/: where a test lives says what it needs
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,8 +29,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         tier = next((part for part in item.path.parts[-3:-1] if part in TIERS), None)
         if tier is None:
-            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit, tests/integration or tests/e2e.")
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in tests/unit, tests/integration, tests/e2e or tests/container."
+            )
         item.add_marker(tier)
+        if tier == "container":  # image builds of minutes: never in make test
+            item.add_marker("slow")
         if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
 

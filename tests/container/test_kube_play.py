@@ -1,0 +1,128 @@
+"""The Kubernetes Deployment's pod, run: `podman kube play` of deploy/k8s rendered by kustomize, with the
+CPU image. No kubelet here, so what it would do is done by hand and said: its probes are sent to the pod
+as the kubelet sends them (podman 4 runs none of them: it turns the liveness probe into a healthcheck that
+needs curl and a numeric port), and the emptyDir volumes are made as the kubelet makes them (world-writable;
+podman would otherwise make named volumes owned by root). The HPA, Service and PDB are not run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from benchmarks.harness.podman import Build, podman
+from tests.conftest import CAT_LABELS
+from tests.tools import require_tool
+from tests.worker_hold import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_ARTIFACT = {
+    "VISION_SERVE_ARTIFACT": "/var/lib/vision-serve/artifacts/efficientnet-lite0-onnx-fp32",
+    "VISION_SERVE_COMPILE_ARGS": "--model efficientnet-lite0 --backend onnx --precision fp32 --device cpu",
+}
+
+
+def rendered() -> list[dict]:
+    kubectl = require_tool("kubectl")
+    command = [kubectl, "kustomize", str(ROOT / "deploy/k8s")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return list(yaml.safe_load_all(result.stdout))
+
+
+def for_this_host(documents: list[dict], image: str, prefix: str) -> tuple[dict, dict]:
+    """(Deployment, ConfigMap) as rendered, with only what a CPU host needs changed: the image, the artifact
+    (the CPU image's default model instead of a TensorRT engine), no GPU limit, and names unique to this run."""
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    (config_map,) = [d for d in documents if d["kind"] == "ConfigMap"]
+    deployment["metadata"]["name"] = prefix
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    container["image"] = image
+    for variable in container["env"]:
+        variable["value"] = CPU_ARTIFACT.get(variable["name"], variable.get("value"))
+        if variable.get("value") is None:
+            variable.pop("value")
+    container["resources"]["limits"].pop("nvidia.com/gpu")
+    renamed = {}
+    for volume in pod["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            volume["persistentVolumeClaim"]["claimName"] = f"{prefix}-cache"
+        elif "emptyDir" in volume:
+            renamed[volume["name"]] = volume["name"] = f"{prefix}-{volume['name']}"
+    for mount in container["volumeMounts"]:
+        mount["name"] = renamed.get(mount["name"], mount["name"])
+    return deployment, config_map
+
+
+def probe_url(probe: dict, container: dict, address: str) -> str:
+    """The URL the kubelet would GET for an httpGet probe, its named port resolved."""
+    port = probe["httpGet"]["port"]
+    if isinstance(port, str):
+        (port,) = [p["containerPort"] for p in container["ports"] if p.get("name") == port]
+    return f"http://{address}:{port}{probe['httpGet']['path']}"
+
+
+@pytest.fixture(scope="module")
+def pod(cpu_image: Build, run_id: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict, str, str]]:
+    """(Deployment, pod address, container name) of the played Deployment; taken down afterwards."""
+    prefix = f"vs-test-{run_id}-kube"
+    deployment, config_map = for_this_host(rendered(), cpu_image.reference, prefix)
+    folder = tmp_path_factory.mktemp("kube")
+    (folder / "deployment.yaml").write_text(yaml.safe_dump(deployment))
+    (folder / "configmap.yaml").write_text(yaml.safe_dump(config_map))
+    empty_dirs = [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "emptyDir" in v]
+    for name in empty_dirs:  # the kubelet's emptyDir: empty, world-writable
+        podman("volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs", "--opt", "o=mode=1777", name)
+    try:
+        podman("kube", "play", "--configmap", str(folder / "configmap.yaml"), str(folder / "deployment.yaml"))
+        pod_name = f"{prefix}-pod-0"
+        infra = podman("pod", "inspect", pod_name, "--format", "{{.InfraContainerID}}").strip()
+        networks = json.loads(podman("inspect", infra, "--format", "{{json .NetworkSettings.Networks}}"))
+        (address,) = [network["IPAddress"] for network in networks.values() if network.get("IPAddress")]
+        yield deployment, address, f"{pod_name}-vision-serve"
+    finally:
+        podman("kube", "down", str(folder / "deployment.yaml"), check=False, timeout=180)
+        for name in [*empty_dirs, f"{prefix}-cache", config_map["metadata"]["name"]]:
+            podman("volume", "rm", "--force", name, check=False)
+
+
+def answers_200(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_deployments_pod_passes_its_probes_and_answers_predict(
+    pod: tuple[dict, str, str], chelsea_jpeg: bytes
+) -> None:
+    deployment, address, container_name = pod
+    (spec,) = deployment["spec"]["template"]["spec"]["containers"]
+    startup = spec["startupProbe"]
+    # The startup probe's own budget: periodSeconds x failureThreshold (30 minutes) covers a first compile.
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    wait_until(lambda: answers_200(probe_url(startup, spec, address)), "the startup probe passes", timeout=budget)
+    for probe in ("readinessProbe", "livenessProbe"):
+        url = probe_url(spec[probe], spec, address)
+        wait_until(lambda url=url: answers_200(url), f"the {probe} passes", timeout=120)
+
+    port = spec["ports"][0]["containerPort"]
+    response = httpx.post(f"http://{address}:{port}/predict", content=chelsea_jpeg, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["predictions"][0]["label"] in CAT_LABELS
+
+    # The pod's securityContext took effect: its user, a read-only root, no capabilities.
+    inspected = json.loads(podman("inspect", container_name))[0]
+    run_as = deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    assert inspected["Config"]["User"].split(":")[0] == str(run_as)
+    assert inspected["HostConfig"]["ReadonlyRootfs"] is True
+    assert not inspected["EffectiveCaps"], inspected["EffectiveCaps"]
+    # The server read the ConfigMap's vision-serve.toml (VISION_SERVE_CONFIG): its settings are in force.
+    settings = podman("exec", container_name, "vision-serve", "--print-config")
+    assert "/etc/vision-serve/vision-serve.toml" in settings, settings[-2000:]
