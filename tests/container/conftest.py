@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.podman import Build, build, clean_checkout, podman
+from benchmarks.harness.podman import Build, build, clean_checkout
 from tests.tools import require_tool
 
 NO_PODMAN_ENV = "VISION_SERVE_NO_PODMAN"  # set by .ci/run, with the reason, when podman cannot be installed
@@ -49,19 +48,3 @@ def gpu_image(checkout: Path) -> Build:
 @pytest.fixture(scope="session")
 def run_id() -> str:
     return uuid.uuid4().hex[:8]
-
-
-@pytest.fixture
-def named(run_id: str, request: pytest.FixtureRequest) -> Iterator[callable]:
-    """names("x") -> a container or volume name unique to this run; each one is removed afterwards."""
-    made: list[str] = []
-
-    def name(kind: str) -> str:
-        made.append(f"vs-test-{run_id}-{kind}")
-        return made[-1]
-
-    yield name
-    for item in made:
-        podman("rm", "--force", "--time", "0", item, check=False)
-    for item in made:
-        podman("volume", "rm", "--force", item, check=False)

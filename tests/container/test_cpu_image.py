@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,7 +227,7 @@ def test_podman_stop_answers_every_request_in_flight(
         container.remove()
 
 
-def pool_stop(container: Container):
+def pool_stop(container: Container) -> Future[float]:
     """`podman stop` in the background (it returns when the container has exited)."""
     executor = ThreadPoolExecutor(1)
     future = executor.submit(container.stop)
