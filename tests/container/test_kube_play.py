@@ -1,8 +1,10 @@
-"""The Kubernetes Deployment's pod, run: `podman kube play` of deploy/k8s rendered by kustomize, with the
-CPU image. No kubelet here, so what it would do is done by hand and said: its probes are sent to the pod
-as the kubelet sends them (podman 4 runs none of them: it turns the liveness probe into a healthcheck that
-needs curl and a numeric port), and the emptyDir volumes are made as the kubelet makes them (world-writable;
-podman would otherwise make named volumes owned by root). The HPA, Service and PDB are not run."""
+"""The Kubernetes Deployment's pod, run: `podman kube play` of deploy/k8s rendered by kustomize with its CPU
+component (deploy/k8s/components/cpu: the CPU image, no GPU), from an overlay as a user's would be.
+
+No kubelet here, so what it would do is done by hand, and said: each probe's request is sent to the pod
+as the kubelet sends it (podman 4 runs none of them: it turns the liveness probe into a healthcheck that
+needs curl and a numeric port), and the emptyDir volumes are made as the kubelet makes them
+(world-writable; podman would make root-owned named volumes). The HPA, Service and PDB are not run."""
 
 from __future__ import annotations
 
@@ -22,34 +24,31 @@ from tests.tools import require_tool
 from tests.worker_hold import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_ARTIFACT = {
-    "VISION_SERVE_ARTIFACT": "/var/lib/vision-serve/artifacts/efficientnet-lite0-onnx-fp32",
-    "VISION_SERVE_COMPILE_ARGS": "--model efficientnet-lite0 --backend onnx --precision fp32 --device cpu",
-}
 
 
-def rendered() -> list[dict]:
+def rendered(image: str, folder: Path) -> list[dict]:
+    """deploy/k8s with the CPU component and ``image``, from an overlay in ``folder``, as a user's would be."""
     kubectl = require_tool("kubectl")
-    command = [kubectl, "kustomize", str(ROOT / "deploy/k8s")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    name, tag = image.rsplit(":", 1)
+    overlay = {
+        "resources": [os.path.relpath(ROOT / "deploy/k8s", folder)],
+        "components": [os.path.relpath(ROOT / "deploy/k8s/components/cpu", folder)],
+        "images": [{"name": "vision-serve-cpu", "newName": name, "newTag": tag}],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    result = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return list(yaml.safe_load_all(result.stdout))
 
 
-def for_this_host(documents: list[dict], image: str, prefix: str) -> tuple[dict, dict]:
-    """(Deployment, ConfigMap) as rendered, with only what a CPU host needs changed: the image, the artifact
-    (the CPU image's default model instead of a TensorRT engine), no GPU limit, and names unique to this run."""
+def unique_to_this_run(documents: list[dict], prefix: str) -> tuple[dict, dict]:
+    """(Deployment, ConfigMap) as rendered, but for names unique to this run: the Deployment, its claim and
+    its emptyDir volumes (podman makes those named volumes, shared by name across pods)."""
     (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
     (config_map,) = [d for d in documents if d["kind"] == "ConfigMap"]
     deployment["metadata"]["name"] = prefix
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    container["image"] = image
-    for variable in container["env"]:
-        variable["value"] = CPU_ARTIFACT.get(variable["name"], variable.get("value"))
-        if variable.get("value") is None:
-            variable.pop("value")
-    container["resources"]["limits"].pop("nvidia.com/gpu")
     renamed = {}
     for volume in pod["volumes"]:
         if "persistentVolumeClaim" in volume:
@@ -75,8 +74,8 @@ def pod(cpu_image: Build, run_id: str, tmp_path_factory: pytest.TempPathFactory)
     if os.geteuid() != 0:
         pytest.skip("a rootless pod's address is not reachable from the host: run the container tier as root")
     prefix = f"vs-test-{run_id}-kube"
-    deployment, config_map = for_this_host(rendered(), cpu_image.reference, prefix)
     folder = tmp_path_factory.mktemp("kube")
+    deployment, config_map = unique_to_this_run(rendered(cpu_image.reference, folder), prefix)
     (folder / "deployment.yaml").write_text(yaml.safe_dump(deployment))
     (folder / "configmap.yaml").write_text(yaml.safe_dump(config_map))
     empty_dirs = [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "emptyDir" in v]

@@ -25,6 +25,7 @@ from tests.tools import require_tool
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 MONITORING = K8S / "monitoring"
 PER_POD_CACHE = K8S / "components" / "per-pod-cache"
+CPU_COMPONENT = K8S / "components" / "cpu"
 SERVICE_MONITOR = K8S / "prometheus-operator" / "servicemonitor.yaml"
 # Objects outside every kustomization, deployed by hand; validated all the same.
 STANDALONE = (K8S / "secret.example.yaml", SERVICE_MONITOR)
@@ -144,7 +145,7 @@ def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
 def test_every_yaml_file_is_deployed_or_known():
     """A manifest that no kustomization lists and no test knows of would go unvalidated."""
     known = {*STANDALONE}
-    for directory in (K8S, MONITORING, PER_POD_CACHE):
+    for directory in (K8S, MONITORING, PER_POD_CACHE, CPU_COMPONENT):
         spec = kustomization(directory)
         known.add(directory / "kustomization.yaml")
         known.update(directory / name for name in spec.get("resources", []))
@@ -206,6 +207,51 @@ def test_per_pod_cache_component_replaces_the_shared_volume(version, tmp_path):
     (rendered,) = kinds["Deployment"]
     (cache,) = [v for v in rendered["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache"]
     assert set(cache) == {"name", "emptyDir"}
+
+
+def render_with_components(tmp_path: Path, *components: Path, images: list[dict] | None = None) -> list[dict]:
+    """deploy/k8s with ``components``, rendered as a user's overlay would (paths relative to it)."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    spec: dict = {"resources": [os.path.relpath(K8S, overlay)]}
+    spec["components"] = [os.path.relpath(component, overlay) for component in components]
+    if images:
+        spec["images"] = images
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    return kustomize(overlay)
+
+
+def dockerfile_env(dockerfile: Path) -> dict[str, str]:
+    """The ENV defaults a Dockerfile sets (``KEY=value`` pairs, quotes removed)."""
+    joined = re.sub(r"\\\n", " ", dockerfile.read_text())
+    pairs: dict[str, str] = {}
+    for line in joined.splitlines():
+        if line.startswith("ENV "):
+            for key, value in re.findall(r'(\w+)=("[^"]*"|\S+)', line[4:]):
+                pairs[key] = value.strip('"')
+    return pairs
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_cpu_component_runs_the_cpu_images_own_default_artifact_without_a_gpu(version, tmp_path):
+    image = {"name": "vision-serve-cpu", "newName": "registry.example.com/vision-serve-cpu", "newTag": "0.1.0"}
+    docs = render_with_components(tmp_path, CPU_COMPONENT, images=[image])
+    assert schema_errors(docs, version) == []
+    (rendered,) = by_kind(docs)["Deployment"]
+    pod = rendered["spec"]["template"]["spec"]
+    (serve,) = pod["containers"]
+    assert serve["image"] == "registry.example.com/vision-serve-cpu:0.1.0"
+    assert "nvidia.com/gpu" not in serve["resources"].get("limits", {}) and "tolerations" not in pod
+    env = {e["name"]: e.get("value") for e in serve["env"]}
+    image_env = dockerfile_env(K8S.parents[1] / "Dockerfile")
+    for name in ("VISION_SERVE_ARTIFACT", "VISION_SERVE_COMPILE_ARGS"):
+        assert env[name] == image_env[name], f"{name}: the component and the CPU image's default disagree"
+    compile_cli.build_parser().parse_args(env["VISION_SERVE_COMPILE_ARGS"].split())  # compile-trt takes them
+    # Only the GPU-specific parts changed: probes, security context and volumes are the base's.
+    (base,) = [d for d in kustomize(K8S) if d["kind"] == "Deployment"]
+    (base_serve,) = base["spec"]["template"]["spec"]["containers"]
+    for key in ("startupProbe", "readinessProbe", "livenessProbe", "securityContext", "volumeMounts"):
+        assert serve[key] == base_serve[key], key
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
