@@ -21,7 +21,7 @@ from benchmarks.harness.podman import build, clean_checkout, image_size, podman,
 
 logger = logging.getLogger(__name__)
 
-LOCAL_BASE = "localhost/debian-python:bookworm"
+LOCAL_BASE = "localhost/debian-python:bookworm"  # deploy/podman/image.sh makes it under this name
 
 
 def remove_images() -> None:
