@@ -35,6 +35,15 @@ class FirstStart:
     log: str
     exit_code: int
     stop_seconds: float
+    engine_mtime_ns: int  # the compiled model file's, on the volume
+
+
+DEFAULT_ENGINE = "artifacts/efficientnet-lite0-onnx-fp32/model.onnx"  # the CPU image's VISION_SERVE_ARTIFACT
+
+
+def engine_file(volume: str) -> Path:
+    """The default artifact's model file on the host, in the named volume's folder."""
+    return Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).strip()) / DEFAULT_ENGINE
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +61,8 @@ def first_start(cpu_image: Build, volume: str, run_id: str) -> Iterator[FirstSta
     try:
         seconds = container.wait_answering("/ready", FIRST_START_TIMEOUT_S)
         stop_seconds = container.stop()
-        yield FirstStart(volume, seconds, container.logs(), container.exit_code(), stop_seconds)
+        mtime = engine_file(volume).stat().st_mtime_ns
+        yield FirstStart(volume, seconds, container.logs(), container.exit_code(), stop_seconds, mtime)
     finally:
         container.remove()
 
@@ -101,11 +111,13 @@ def test_first_start_compiles_into_the_volume_and_the_second_reuses_it(
     assert first_start.exit_code == 0, first_start.log[-3000:]
     assert first_start.stop_seconds < 50
 
-    container, seconds = server
+    container, _ = server
     second = [entry["message"] for entry in json_lines(container.logs())]
     assert any("up to date (cache hit)" in m for m in second), second[:20]
     assert not any("compiled in" in m for m in second)
-    assert seconds < first_start.seconds, (seconds, first_start.seconds)
+    # The engine on the volume is the first start's own file, not rewritten (start times are in
+    # benchmarks/results, not asserted: a loaded machine's start can take longer than a compile).
+    assert engine_file(first_start.volume).stat().st_mtime_ns == first_start.engine_mtime_ns
 
 
 def test_predict_answers_the_cat(server: tuple[Container, float], chelsea_jpeg: bytes) -> None:
