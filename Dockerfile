@@ -51,12 +51,13 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && rm /tmp/torch.txt /tmp/keep.txt /tmp/deps.txt
 
 # The code, installed as root into the virtualenv and read-only to the server's user (pip writes the
-# bytecode as it installs, since that user cannot write __pycache__ there).
+# bytecode as it installs, since that user cannot write __pycache__ there). The sources are removed
+# after, so that `python` in this folder imports the installed package, not a copy beside it.
 COPY service service
 COPY compile compile
 COPY preprocessing preprocessing
 RUN pip install --quiet --no-cache-dir --no-deps . \
- && rm -rf build ./*.egg-info
+ && rm -rf build ./*.egg-info service compile preprocessing
 
 COPY deploy/docker/entrypoint.sh /opt/vision-serve/deploy/docker/entrypoint.sh
 
