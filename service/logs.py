@@ -18,7 +18,7 @@ from compile._defaults import LOG_FORMATS
 from compile.json_logs import JsonFormatter
 from compile.torch_logging import adopt_torch_logger
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "adopt_library_loggers", "adopt_torch_logger", "configure_logging"]
+__all__ = ["LOG_FORMATS", "adopt_library_loggers", "adopt_torch_logger", "configure_logging"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 # The request being handled in this task; set by the HTTP middleware (service/http/base/observer.py).

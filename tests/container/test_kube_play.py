@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import yaml
 
 from benchmarks.harness.podman import Build, podman
 from tests.conftest import CAT_LABELS
-from tests.tools import require_tool
+from tests.tools import kustomize_overlay
 from tests.worker_hold import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,17 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def rendered(image: str, folder: Path) -> list[dict]:
     """deploy/k8s with the CPU component and ``image``, from an overlay in ``folder``, as a user's would be."""
-    kubectl = require_tool("kubectl")
     name, tag = image.rsplit(":", 1)
-    overlay = {
-        "resources": [os.path.relpath(ROOT / "deploy/k8s", folder)],
-        "components": [os.path.relpath(ROOT / "deploy/k8s/components/cpu", folder)],
-        "images": [{"name": "vision-serve-cpu", "newName": name, "newTag": tag}],
-    }
-    (folder / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
-    result = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return list(yaml.safe_load_all(result.stdout))
+    images = [{"name": "vision-serve-cpu", "newName": name, "newTag": tag}]
+    return kustomize_overlay(folder, ROOT / "deploy/k8s", [ROOT / "deploy/k8s/components/cpu"], images)
 
 
 def unique_to_this_run(documents: list[dict], prefix: str) -> tuple[dict, dict]:

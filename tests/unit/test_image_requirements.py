@@ -3,7 +3,7 @@ the GPU image's committed requirements file must be what pyproject.toml says tod
 
 from __future__ import annotations
 
-import re
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy/docker/requirements.py"
 GPU_FILE = ROOT / "deploy/docker/requirements-gpu.txt"
+
+
+def load_script():
+    """The script as a module (deploy/ is not a package), for its own reading of a requirement."""
+    spec = importlib.util.spec_from_file_location("image_requirements", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+image_requirements = load_script()
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -34,16 +45,12 @@ def test_check_fails_with_the_command_that_fixes_a_stale_file(tmp_path: Path) ->
 
 
 def names(lines: str) -> set[str]:
+    """The distributions a requirements text names (the script's own reading of a requirement)."""
     listed = [line for line in lines.splitlines() if line and not line.startswith("#")]
-    return {re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0].lower() for line in listed}
+    return {image_requirements.requirement_name(line) for line in listed}
 
 
 def test_gpu_file_holds_every_dependency_but_the_base_images_torch() -> None:
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import requirements as image_requirements
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
     project = image_requirements.load_project()
     listed = names(GPU_FILE.read_text())
     wanted = names("\n".join(project["dependencies"])) | {"onnxruntime-gpu", "nvidia-dali-cuda130", "cvcuda-cu13"}

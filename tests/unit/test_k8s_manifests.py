@@ -7,7 +7,6 @@ defaults, so a change on either side that breaks the other fails here.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from dataclasses import fields
@@ -20,7 +19,8 @@ import yaml
 from compile import cli as compile_cli
 from service import _defaults, metrics
 from service.settings import CONFIG_ENV, ServeSettings, env_var, read_config_file, resolve_settings
-from tests.tools import require_tool
+from tests.tools import kustomize, kustomize_overlay, require_tool
+from tests.unit.test_deploy_files import instruction
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 MONITORING = K8S / "monitoring"
@@ -125,13 +125,6 @@ def schema_errors(docs: list[dict], version: str) -> list[str]:
     return errors
 
 
-def kustomize(directory: Path) -> list[dict]:
-    kubectl = require_tool("kubectl")
-    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-
 def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
     kinds: dict[str, list[dict]] = {}
     for doc in docs:
@@ -195,12 +188,7 @@ def test_kustomize_builds_valid_objects(version):
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_per_pod_cache_component_replaces_the_shared_volume(version, tmp_path):
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    # As a user's overlay would: the base and the component, by paths relative to the overlay.
-    spec = {"resources": [os.path.relpath(K8S, overlay)], "components": [os.path.relpath(PER_POD_CACHE, overlay)]}
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(spec))
-    docs = kustomize(overlay)
+    docs = kustomize_overlay(tmp_path / "overlay", K8S, [PER_POD_CACHE])
     assert schema_errors(docs, version) == []
     kinds = by_kind(docs)
     assert "PersistentVolumeClaim" not in kinds
@@ -209,33 +197,16 @@ def test_per_pod_cache_component_replaces_the_shared_volume(version, tmp_path):
     assert set(cache) == {"name", "emptyDir"}
 
 
-def render_with_components(tmp_path: Path, *components: Path, images: list[dict] | None = None) -> list[dict]:
-    """deploy/k8s with ``components``, rendered as a user's overlay would (paths relative to it)."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    spec: dict = {"resources": [os.path.relpath(K8S, overlay)]}
-    spec["components"] = [os.path.relpath(component, overlay) for component in components]
-    if images:
-        spec["images"] = images
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(spec))
-    return kustomize(overlay)
-
-
 def dockerfile_env(dockerfile: Path) -> dict[str, str]:
     """The ENV defaults a Dockerfile sets (``KEY=value`` pairs, quotes removed)."""
-    joined = re.sub(r"\\\n", " ", dockerfile.read_text())
-    pairs: dict[str, str] = {}
-    for line in joined.splitlines():
-        if line.startswith("ENV "):
-            for key, value in re.findall(r'(\w+)=("[^"]*"|\S+)', line[4:]):
-                pairs[key] = value.strip('"')
-    return pairs
+    pairs = [re.findall(r'(\w+)=("[^"]*"|\S+)', args) for args in instruction("ENV", dockerfile)]
+    return {key: value.strip('"') for found in pairs for key, value in found}
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_cpu_component_runs_the_cpu_images_own_default_artifact_without_a_gpu(version, tmp_path):
     image = {"name": "vision-serve-cpu", "newName": "registry.example.com/vision-serve-cpu", "newTag": "0.1.0"}
-    docs = render_with_components(tmp_path, CPU_COMPONENT, images=[image])
+    docs = kustomize_overlay(tmp_path / "overlay", K8S, [CPU_COMPONENT], images=[image])
     assert schema_errors(docs, version) == []
     (rendered,) = by_kind(docs)["Deployment"]
     pod = rendered["spec"]["template"]["spec"]
