@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from service.client.launcher import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +36,9 @@ def podman_env() -> dict[str, str]:
     return env
 
 
-def podman(*args: str, timeout: float = 120, check: bool = True, input: str | None = None) -> str:
+def podman(*args: str, timeout: float = 120, check: bool = True) -> str:
     """Run ``podman ARGS``; its stdout. Raises PodmanError with stderr when it fails and ``check``."""
-    result = subprocess.run(
-        ["podman", *args], capture_output=True, text=True, timeout=timeout, env=podman_env(), input=input
-    )
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=podman_env())
     if check and result.returncode != 0:
         raise PodmanError(f"podman {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}")
     return result.stdout
@@ -82,12 +81,6 @@ def build(command: list[str], cwd: Path, timeout: float = 3600) -> Build:
 def image_size(reference: str) -> int:
     """The image's size in bytes, as `podman images` reports it (all layers, uncompressed)."""
     return int(podman("image", "inspect", "--format", "{{.Size}}", reference).strip())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -18,7 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.harness.podman import Build, Container, free_port, image_size, podman, run_container
+from benchmarks.harness.podman import Build, Container, image_size, podman, run_container
+from service.client.launcher import free_port
 from tests.conftest import CAT_LABELS
 from tests.tools import require_tool
 from tests.worker_hold import in_flight, wait_until, worker_held
