@@ -35,12 +35,14 @@ from compile.backends import (
 )
 from compile.catalog import ModelEntry
 from compile.devices import describe_device, parse_device
-from compile.gate import GateReport, gate_inputs, gate_photos, run_gate
+from compile.gate import GateInputs, GateReport, gate_inputs, gate_photos, run_gate
 from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, sha256_file, write_manifest
 from compile.model_files import read_model_file
 from compile.model_request import ModelRequest
 from compile.model_source import resolve_model
 from compile.progress import Progress
+from compile.quantization import Calibration
+from compile.quantization.datasets import ImageFiles, check_disjoint, files_digest, preprocess_files, read_image_folder
 from compile.settings import CompileSettings
 from compile.versions import PROJECT_DISTRIBUTION, library_versions, package_version
 from compile.weights import LoadedModel, load_model
@@ -137,8 +139,10 @@ class CompilePlan:
     entry: ModelEntry
     output: Path
     thresholds: dict[str, float]
-    photos: list[tuple[str, bytes]]
+    photos: list[tuple[str, bytes]]  # the gate's (a quantized engine's: its evaluation set)
     triton_repository: Path | None  # --triton-repository, resolved; None when not asked
+    calibration_files: ImageFiles | None = None  # quantized precisions: --calibration, read
+    calibration_method: str = ""  # quantized precisions: --calibration-method, resolved for the backend
 
 
 def plan_compile(settings: CompileSettings) -> CompilePlan:
@@ -148,6 +152,11 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     backend = get_backend(backend_name)
     backend.check_available(device)
     backend.check_precision(settings.precision, device)
+    method = (
+        backend.resolve_calibration_method(settings.precision, settings.calibration_method)
+        if settings.quantized
+        else ""
+    )
     entry = resolve_model(ModelRequest.from_settings(settings))
     check_model_backend(entry, backend_name, settings)
     triton_repository = Path(settings.triton_repository).expanduser() if settings.triton_repository else None
@@ -156,9 +165,31 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     output = Path(settings.output or default_output(entry.name, backend_name, settings.precision, device))
     output = output.expanduser()
     check_output_dir(output)
-    photos = gate_photos(settings.gate_images)
+    photos = gate_photos(settings.gate_images, quantized=settings.quantized)
+    calibration_files = None
+    if settings.quantized:
+        calibration_files = read_image_folder(settings.calibration, "--calibration", settings.calibration_count)
+        if len(calibration_files.files) < _defaults.ADVISED_MIN_CALIBRATION_IMAGES:
+            logger.warning(
+                "--calibration %s: %d images. Ranges measured on fewer than %d images clip what they did not see; "
+                "the gate will tell whether this engine holds up, but a few hundred images like the served ones "
+                "calibrate better.",
+                settings.calibration,
+                len(calibration_files.files),
+                _defaults.ADVISED_MIN_CALIBRATION_IMAGES,
+            )
     return CompilePlan(
-        settings, device, backend, reason, entry, output, settings.gate_thresholds(), photos, triton_repository
+        settings,
+        device,
+        backend,
+        reason,
+        entry,
+        output,
+        settings.gate_thresholds(),
+        photos,
+        triton_repository,
+        calibration_files,
+        method,
     )
 
 
@@ -169,11 +200,11 @@ def check_model_backend(entry: ModelEntry, backend_name: str, settings: CompileS
     programs, and ONNX has no converter back to one here). An ExportedProgram compiles with every
     backend that exports (inductor, onnx, tensorrt); eager rebuilds catalog architectures only.
     """
-    if entry.family == "onnx" and (backend_name != "onnx" or settings.precision != "fp32"):
+    if entry.family == "onnx" and (backend_name != "onnx" or settings.precision not in ("fp32", "int8")):
         raise ValueError(
-            f"{entry.model} is an ONNX file: it is served as it is, by ONNX Runtime (--backend onnx --precision fp32), "
-            f"not {backend_name} at {settings.precision}. For other engines or precisions export the PyTorch model "
-            "with torch.export.save and compile that .pt2."
+            f"{entry.model} is an ONNX file: it is served as it is by ONNX Runtime (--backend onnx --precision fp32), "
+            f"or quantized (--precision int8 --calibration DIR), not {backend_name} at {settings.precision}. For other "
+            "engines or precisions export the PyTorch model with torch.export.save and compile that .pt2."
         )
     if entry.family == "exported-program" and backend_name == "eager":
         raise ValueError(
@@ -221,11 +252,35 @@ def engine_cache_key(
             "gate": {
                 "thresholds": plan.thresholds,
                 "photos_sha256": [hashlib.sha256(data).hexdigest() for _, data in plan.photos],
-                "random_inputs": _defaults.GATE_RANDOM_INPUTS,
+                "random_inputs": gate_random_inputs(settings),
                 "seed": _defaults.GATE_SEED,
             },
+            "quantization": quantization_record(plan),
         }
     )
+
+
+def gate_random_inputs(settings: CompileSettings) -> int:
+    """Seeded random inputs the gate adds to its photos: none for a quantized engine, whose scales
+    were calibrated on photos (noise falls outside their ranges and would grade the clipping)."""
+    return 0 if settings.quantized else _defaults.GATE_RANDOM_INPUTS
+
+
+def quantization_record(plan: CompilePlan) -> dict[str, Any]:
+    """What the manifest (and the cache key) says of a quantized engine's calibration and evaluation
+    sets; {} for other precisions."""
+    if plan.calibration_files is None:
+        return {}
+    calibration: dict[str, Any] = {"method": plan.calibration_method, **plan.calibration_files.describe()}
+    if plan.calibration_method == "percentile":
+        calibration["percentile"] = _defaults.CALIBRATION_PERCENTILE
+    evaluation = {
+        "source": plan.settings.gate_images
+        or f"sample photos and {_defaults.EVAL_AUGMENTATIONS_PER_PHOTO} augmentations of each",
+        "count": len(plan.photos),
+        "sha256": files_digest(plan.photos),
+    }
+    return {"calibration": calibration, "evaluation": evaluation}
 
 
 def compile_artifact(settings: CompileSettings, progress: Progress | None = None) -> CompileResult:
@@ -287,10 +342,15 @@ def build_and_gate(
     settings, backend, device, entry = plan.settings, plan.backend, plan.device, plan.entry
     reference = loaded.module.to(device).to(memory_format=torch.channels_last).eval()
     engine_path = staging / backend.engine_file
+    inputs = gate_inputs(entry, plan.photos, gate_random_inputs(settings), _defaults.GATE_SEED)
+    calibration = None
+    if plan.calibration_files is not None:
+        with progress.stage(f"Reading {len(plan.calibration_files.files)} calibration images"):
+            calibration = prepare_calibration(plan, inputs)
     compile_started = time.perf_counter()
     with progress.stage(f"Compiling with {backend.name} ({settings.precision})"):
         model = PrecisionCast(copy.deepcopy(reference), PRECISION_DTYPES[settings.precision]).eval()
-        backend.build(model, settings, device, entry.preprocess.crop_size, engine_path)
+        backend.build(model, settings, device, entry.preprocess.crop_size, engine_path, calibration)
         del model
     manifest = dataclasses.replace(
         manifest,
@@ -300,12 +360,20 @@ def build_and_gate(
     with progress.stage("Accuracy gate (compiled vs eager fp32)"):
         gate_started = time.perf_counter()
         engine = backend.load(engine_path, manifest, device)
-        inputs = gate_inputs(entry, plan.photos, _defaults.GATE_RANDOM_INPUTS, _defaults.GATE_SEED)
         report = run_gate(engine, reference, inputs, settings.batch, plan.thresholds, device, entry.labels)
         report.seconds = round(time.perf_counter() - gate_started, 2)
     if not report.passed:
         raise GateFailed(report)
-    return dataclasses.replace(manifest, validation=report.to_dict())
+    return dataclasses.replace(manifest, validation=report.to_dict(), quantization=quantization_record(plan))
+
+
+def prepare_calibration(plan: CompilePlan, inputs: GateInputs) -> Calibration:
+    """The calibration images preprocessed as served, after checking that none is in the gate's set."""
+    assert plan.calibration_files is not None
+    images = preprocess_files(plan.calibration_files, plan.entry.preprocess, "--calibration")
+    real = inputs.real_count
+    check_disjoint(images, plan.calibration_files.names, inputs.images[:real], inputs.names[:real])
+    return Calibration(images, plan.calibration_method, plan.calibration_files)
 
 
 def staging_prefix(output: Path) -> str:

@@ -24,21 +24,36 @@ _HELP = {
     "backend": "auto (a fixed rule from our measurements: tensorrt on a GPU, onnx on a CPU at fp32, else "
     "inductor; docs/compiling.md#which-engine), "
     "tensorrt, inductor (torch.export + AOTInductor), onnx (torch.onnx.export, run by ONNX Runtime) or eager",
-    "precision": "fp32, fp16 or bf16 (bf16 uses the AVX-512 bf16 units on CPU)",
+    "precision": "fp32, fp16, bf16 (uses the AVX-512 bf16 units on CPU), int8 (calibrated on --calibration; "
+    "onnx, inductor or tensorrt) or fp8 (tensorrt on compute capability 8.9+)",
+    "calibration": "int8/fp8: folder of images like the served ones (subfolders too) to calibrate the "
+    "activation ranges on; not the --eval images",
+    "calibration_count": "int8/fp8: how many calibration images to use (a seeded sample of the folder)",
+    "calibration_method": "int8/fp8: how ranges are read: auto (the engine's measured best, docs/compiling.md#int8), "
+    "minmax, entropy, percentile (onnx, tensorrt) or histogram (inductor)",
     "batch": "MIN,OPT,MAX batch sizes the engine accepts (OPT: what TensorRT tunes for); one number: static",
     "device": "auto, cpu, cuda or cuda:N",
     "output": "artifact directory (default: artifacts/<model>-<backend>-<precision>-<device type>)",
     "workspace_gib": "TensorRT builder workspace in GiB",
     "optimization_level": "TensorRT builder optimization level, 0..5",
-    "gate_images": "folder of images for the accuracy gate (default: scikit-image's sample photos)",
+    "gate_images": "folder of images for the accuracy gate, also --eval (default: scikit-image's sample photos; "
+    "for int8/fp8, those and 15 augmentations of each)",
     "gate_min_top1_agreement": "override the gate's minimum top-1 agreement (0..1)",
     "gate_min_top5_overlap": "override the gate's minimum top-5 overlap (0..1)",
     "gate_min_cosine": "override the gate's minimum cosine similarity of logits (0..1)",
     "gate_max_rel_error": "override the gate's maximum relative logit error",
+    "gate_min_top5_agreement": "override the gate's minimum share of inputs whose fp32 top-1 is in the top-5 (0..1)",
+    "gate_max_prob_drop": "override the gate's maximum mean drop of the fp32 top-1 class's probability (0..1)",
     "force": "recompile even if --output already holds this exact engine",
     "triton_repository": "also write a Triton model repository into this folder (--backend onnx): the ONNX "
     "model, a DALI preprocessing model and an ensemble taking JPEG bytes",
 }
+# What a failed quantized engine's user can change, in the order worth trying.
+QUANTIZED_GATE_ADVICE = (
+    "A quantized engine that fails its gate was calibrated on images unlike the evaluated ones, or on too few: "
+    "calibrate on a few hundred images like the served ones (--calibration, --calibration-count), try another "
+    "--calibration-method, or serve fp32/bf16. Thresholds: --gate-min-top1-agreement, --gate-max-prob-drop."
+)
 # The gate's threshold overrides: a number each, whose default depends on --precision.
 GATE_OVERRIDES = tuple(f.name for f in fields(CompileSettings) if f.name.startswith("gate_m"))
 
@@ -57,9 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "log_level": {"choices": _defaults.LOG_LEVELS},
         "log_format": {"choices": _defaults.LOG_FORMATS},
         "interpolation": {"choices": SUPPORTED_INTERPOLATIONS},
+        "calibration_method": {"choices": _defaults.CALIBRATION_METHODS},
         **{name: {"type": float, "metavar": "X"} for name in GATE_OVERRIDES},
     }
     add_settings_flags(parser, CompileSettings, _help_of, options)
+    # The name quantization guides use for the gate's images: the same setting.
+    parser.add_argument("--eval", dest="gate_images", metavar="DIR", default=None, help="the same as --gate-images")
     return parser
 
 
@@ -106,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = compile_artifact(settings, Progress())
     except GateFailed as exc:
-        say(f"compile-trt: accuracy gate FAILED, no artifact written:\n{exc.report.summary()}", logging.ERROR)
+        advice = f"\n{QUANTIZED_GATE_ADVICE}" if settings.quantized else ""
+        say(f"compile-trt: accuracy gate FAILED, no artifact written:\n{exc.report.summary()}{advice}", logging.ERROR)
         return EXIT_GATE_FAILED
     except BackendUnavailable as exc:
         say(f"compile-trt: {exc}", logging.ERROR)
@@ -156,11 +175,10 @@ def entry(argv: Sequence[str] | None = None) -> int:
 
 
 def _summary(validation: dict) -> str:
+    from compile.gate import photo_lines
+
     lines = [f"  {name:<22} {value:.6g}" for name, value in validation.get("metrics", {}).items()]
-    lines += [
-        f"  {item['name']:<22} eager: {item['reference']!r}  compiled: {item['compiled']!r}"
-        for item in validation.get("real_images", [])
-    ]
+    lines += photo_lines(validation.get("real_images", []))
     return "\n".join(lines) or json.dumps(validation)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from compile import _defaults
 from compile._defaults import IMAGE_SUFFIXES
 from compile.backends.base import EngineCallable, use_exact_fp32
 from compile.catalog import ModelEntry
@@ -25,7 +26,14 @@ logger = logging.getLogger(__name__)
 
 # Bounds how long the gate takes with a big --gate-images folder.
 MAX_GATE_IMAGES = 64
-HIGHER_IS_BETTER = {"top1_agreement": True, "top5_overlap": True, "cosine": True, "max_rel_error": False}
+HIGHER_IS_BETTER = {
+    "top1_agreement": True,
+    "top5_overlap": True,
+    "top5_agreement": True,
+    "mean_prob_drop": False,
+    "cosine": True,
+    "max_rel_error": False,
+}
 
 
 @dataclass
@@ -61,14 +69,30 @@ class GateReport:
             relation = ">=" if HIGHER_IS_BETTER[name] else "<="
             verdict = "FAIL" if any(f.startswith(name) for f in self.failures) else "ok"
             lines.append(f"  {name:<22} {value:.6g}  (needs {relation} {threshold:g})  {verdict}")
-        for item in self.real_images:
-            lines.append(f"  {item['name']:<22} eager: {item['reference']!r}  compiled: {item['compiled']!r}")
+        lines.extend(photo_lines(self.real_images))
         return "\n".join(lines)
 
 
-def gate_photos(folder: str = "") -> list[tuple[str, bytes]]:
+# Up to this many photos the gate's report lists each; beyond, the ones whose class changed.
+LISTED_PHOTOS = 8
+
+
+def photo_lines(real_images: list[dict[str, Any]]) -> list[str]:
+    """The report's lines on the photos: each one, or for a large set the ones whose top-1 changed."""
+    changed = [item for item in real_images if item["reference"] != item["compiled"]]
+    shown = real_images if len(real_images) <= LISTED_PHOTOS else changed
+    lines = [f"  {item['name']:<22} eager: {item['reference']!r}  compiled: {item['compiled']!r}" for item in shown]
+    if len(real_images) > LISTED_PHOTOS:
+        lines.insert(0, f"  photos whose top-1 changed: {len(changed)} of {len(real_images)}")
+    return lines
+
+
+def gate_photos(folder: str = "", quantized: bool = False) -> list[tuple[str, bytes]]:
     """(name, encoded bytes) of the gate's real photos: ``folder``'s images, else the sample photos;
-    empty if neither is available."""
+    empty if neither is available. A quantized engine's gate needs more: ``folder``'s images (up to
+    MAX_EVAL_IMAGES), else the sample photos and their seeded augmentations."""
+    if quantized:
+        return evaluation_photos(folder)
     if folder:
         root = Path(folder).expanduser()
         if not root.is_dir():
@@ -85,6 +109,22 @@ def gate_photos(folder: str = "") -> list[tuple[str, bytes]]:
             "Install vision-serve[demo] or pass --gate-images DIR for real photos."
         )
         return []
+
+
+def evaluation_photos(folder: str) -> list[tuple[str, bytes]]:
+    """The quantized gate's evaluation set: ``folder`` (--eval), else the augmented sample photos."""
+    from compile.quantization.datasets import augmented_photos, read_image_folder
+
+    if folder:
+        return list(read_image_folder(folder, "--eval", _defaults.MAX_EVAL_IMAGES).files)
+    try:
+        photos = sample_photo_files("PNG")
+    except ImportError:
+        raise ValueError(
+            "A quantized engine is gated on real photos: pass --eval DIR (images like the served ones, not in "
+            "--calibration), or install vision-serve[offline] for the built-in sample photos."
+        ) from None
+    return augmented_photos(photos, _defaults.EVAL_AUGMENTATIONS_PER_PHOTO)
 
 
 def gate_inputs(entry: ModelEntry, photos: list[tuple[str, bytes]], random_count: int, seed: int) -> GateInputs:
@@ -111,9 +151,13 @@ def compare_logits(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str,
     top_ref, top_out = reference.topk(k, dim=1).indices, compiled.topk(k, dim=1).indices
     overlap = [len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top_ref, top_out, strict=True)]
     scale = reference.abs().amax(dim=1).clamp_min(1e-12)
+    reference_top1 = reference.argmax(1, keepdim=True)
+    probability_drop = reference.softmax(1).gather(1, reference_top1) - compiled.softmax(1).gather(1, reference_top1)
     return {
         "top1_agreement": (compiled.argmax(1) == reference.argmax(1)).double().mean().item(),
         "top5_overlap": sum(overlap) / len(overlap),
+        "top5_agreement": (top_out == reference_top1).any(dim=1).double().mean().item(),
+        "mean_prob_drop": probability_drop.mean().item(),
         "cosine": F.cosine_similarity(compiled, reference, dim=1).min().item(),
         "max_rel_error": ((compiled - reference).abs().amax(dim=1) / scale).max().item(),
     }

@@ -55,6 +55,9 @@ class Manifest:
     # The served name (--name); ``model`` is what --model said (a catalog name, timm:<name>, a file).
     # Added in place: a manifest written before it serves under its model's name.
     name: str = ""
+    # A quantized engine (int8, fp8): its calibration set (folder, count, sha256, method) and the
+    # evaluation set its gate ran on. Added in place: {} for other precisions and older manifests.
+    quantization: dict[str, Any] = field(default_factory=dict)
 
     @property
     def served_name(self) -> str:

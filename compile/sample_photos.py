@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -39,3 +40,22 @@ def sample_photo_file(name: str, fmt: str = "JPEG") -> bytes:
 def sample_photo_files(fmt: str = "JPEG", names: tuple[str, ...] = _defaults.SAMPLE_PHOTOS) -> list[tuple[str, bytes]]:
     """``(name, file bytes)`` of each sample photo in ``names``; raises ImportError without scikit-image."""
     return [(name, sample_photo_file(name, fmt)) for name in names]
+
+
+def write_sample_calibration_set(
+    folder: str | Path, augmentations: int = _defaults.SAMPLE_CALIBRATION_AUGMENTATIONS
+) -> list[Path]:
+    """Write scikit-image's calibration photos (none of the gate's) and seeded augmentations of each
+    as JPEGs into ``folder``: a calibration set for ``compile-trt --precision int8`` that needs no
+    download. Returns the files written."""
+    from compile.quantization.datasets import augmented_photos
+
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    photos = sample_photo_files("JPEG", _defaults.SAMPLE_CALIBRATION_PHOTOS)
+    written = []
+    for name, data in augmented_photos(photos, augmentations):
+        path = root / f"{name}.jpg"
+        path.write_bytes(data)
+        written.append(path)
+    return written

@@ -23,6 +23,17 @@ def parse_batch(text: str) -> tuple[int, int, int]:
     return values  # type: ignore[return-value]
 
 
+# What --precision int8 without --calibration is told: what the flag needs and what a good set is.
+CALIBRATION_NEEDED = (
+    "--precision {precision} needs --calibration DIR: a folder of images (any format the server decodes; "
+    "subfolders are read too) like the ones the model will serve, from which the activation ranges are "
+    f"measured. A good set: {_defaults.ADVISED_MIN_CALIBRATION_IMAGES}-{_defaults.DEFAULT_CALIBRATION_COUNT * 2} "
+    "images from your training or production data, covering every class and the lighting and framing users "
+    "send; not the images you evaluate on (--eval DIR). --calibration-count N takes a seeded sample of N "
+    f"(default {_defaults.DEFAULT_CALIBRATION_COUNT})."
+)
+
+
 @dataclass(frozen=True)
 class CompileSettings(ModelRequest):
     """What to compile and how. Defaults live in compile/_defaults.py."""
@@ -37,12 +48,18 @@ class CompileSettings(ModelRequest):
     output: str = ""  # empty: artifacts/<model>-<backend>-<precision>-<device type>
     workspace_gib: float = _defaults.DEFAULT_TRT_WORKSPACE_GIB
     optimization_level: int = _defaults.DEFAULT_TRT_OPTIMIZATION_LEVEL
-    gate_images: str = ""  # a folder of images for the accuracy gate; empty: scikit-image's samples
+    gate_images: str = ""  # a folder of images for the accuracy gate (also --eval); empty: scikit-image's samples
+    # Quantized precisions (int8, fp8): the folder of images whose activation ranges set the scales.
+    calibration: str = ""
+    calibration_count: int = _defaults.DEFAULT_CALIBRATION_COUNT
+    calibration_method: str = _defaults.DEFAULT_CALIBRATION_METHOD
     # Gate thresholds; None takes the precision's defaults from _defaults.GATE_THRESHOLDS.
     gate_min_top1_agreement: float | None = None
     gate_min_top5_overlap: float | None = None
     gate_min_cosine: float | None = None
     gate_max_rel_error: float | None = None
+    gate_min_top5_agreement: float | None = None
+    gate_max_prob_drop: float | None = None
     # Also write a Triton model repository here (onnx artifacts): the model, a DALI preprocessing
     # model and an ensemble of the two. Not part of the cache key: it is written from the artifact.
     triton_repository: str = ""
@@ -64,29 +81,57 @@ class CompileSettings(ModelRequest):
                 f"--batch MIN,OPT,MAX needs 1 <= MIN <= OPT <= MAX, got {low},{opt},{high}. "
                 "Example: 1,8,32 (OPT is the size TensorRT tunes for)."
             )
+        self._check_calibration()
         check_device_flag(self.device)
         check_model_flags(ModelRequest.from_settings(self))
         if self.workspace_gib <= 0:
             raise ValueError(f"--workspace-gib must be > 0, got {self.workspace_gib}.")
         if self.optimization_level not in _defaults.TRT_OPTIMIZATION_LEVELS:
             raise ValueError(f"--optimization-level must be 0..5 (TensorRT's range), got {self.optimization_level}.")
-        for name in ("gate_min_top1_agreement", "gate_min_top5_overlap", "gate_min_cosine"):
+        for name in ("gate_min_top1_agreement", "gate_min_top5_overlap", "gate_min_cosine", "gate_min_top5_agreement"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in 0..1, got {value}.")
         if self.gate_max_rel_error is not None and self.gate_max_rel_error < 0:
             raise ValueError(f"--gate-max-rel-error must be >= 0, got {self.gate_max_rel_error}.")
+        if self.gate_max_prob_drop is not None and not 0.0 <= self.gate_max_prob_drop <= 1.0:
+            raise ValueError(f"--gate-max-prob-drop must be in 0..1, got {self.gate_max_prob_drop}.")
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in _defaults.QUANTIZED_PRECISIONS
+
+    def _check_calibration(self) -> None:
+        if self.quantized and not self.calibration:
+            raise ValueError(CALIBRATION_NEEDED.format(precision=self.precision))
+        if self.calibration and not self.quantized:
+            raise ValueError(
+                f"--calibration sets the scales of a quantized engine (--precision int8 or fp8); --precision "
+                f"{self.precision} needs none. Drop --calibration, or ask for --precision int8."
+            )
+        if not 1 <= self.calibration_count <= _defaults.MAX_CALIBRATION_COUNT:
+            raise ValueError(
+                f"--calibration-count must be 1..{_defaults.MAX_CALIBRATION_COUNT}, got {self.calibration_count} "
+                f"(a few hundred images is what calibration needs; default {_defaults.DEFAULT_CALIBRATION_COUNT})."
+            )
+        if self.calibration_method not in _defaults.CALIBRATION_METHODS:
+            methods = ", ".join(_defaults.CALIBRATION_METHODS)
+            raise ValueError(f"--calibration-method must be one of {methods}, got {self.calibration_method!r}.")
 
     def gate_thresholds(self) -> dict[str, float]:
         """The precision's thresholds (logit measures only for random weights), then the overrides."""
         thresholds = dict(_defaults.GATE_THRESHOLDS[self.precision])
-        if self.weights == "random":
+        if self.weights == "random" and self.quantized:
+            thresholds = dict(_defaults.RANDOM_WEIGHTS_QUANTIZED_THRESHOLDS)
+        elif self.weights == "random":
             thresholds = {k: v for k, v in thresholds.items() if k in _defaults.RANDOM_WEIGHTS_GATED}
         overrides = {
             "top1_agreement": self.gate_min_top1_agreement,
             "top5_overlap": self.gate_min_top5_overlap,
             "cosine": self.gate_min_cosine,
             "max_rel_error": self.gate_max_rel_error,
+            "top5_agreement": self.gate_min_top5_agreement,
+            "mean_prob_drop": self.gate_max_prob_drop,
         }
         thresholds.update({k: v for k, v in overrides.items() if v is not None})
         return thresholds

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -18,7 +18,19 @@ from torch import nn
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
 
-PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+if TYPE_CHECKING:
+    from compile.quantization import Calibration
+
+# The dtype a model computes in at each precision. A quantized engine's int8 (fp8) layers are the
+# quantizer's; what it leaves unquantized runs in fp32 (int8: what the CPU kernels pair with) or fp16
+# (fp8: TensorRT on the GPUs that have fp8).
+PRECISION_DTYPES = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "int8": torch.float32,
+    "fp8": torch.float16,
+}
 
 # What an engine is to the server: a callable from a float32 batch to float32 logits.
 EngineCallable = Callable[[torch.Tensor], torch.Tensor]
@@ -38,6 +50,13 @@ class PrecisionCast(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images.to(self.dtype)).float()
+
+
+# Where each quantized precision is built, for the messages that refuse one.
+QUANTIZED_ENGINES_HINT = (
+    "int8 engines: --backend onnx (ONNX Runtime, CPU or GPU), inductor (CPU) or tensorrt (GPU); "
+    "fp8: --backend tensorrt on a GPU of compute capability 8.9 or later."
+)
 
 
 def use_exact_fp32(precision: str, device: torch.device) -> None:
@@ -101,6 +120,29 @@ class CompileBackend(ABC):
     # architecture (AOTInductor, TensorRT), so that it runs only where those are; eager weights and
     # ONNX graphs run anywhere their runtime does.
     native_code: bool = True
+    # The quantized precisions it builds (calibrated on --calibration), and its calibration methods,
+    # the measured best first: what --calibration-method auto picks (docs/compiling.md#int8).
+    quantized_precisions: tuple[str, ...] = ()
+    calibration_methods: tuple[str, ...] = ()
+
+    def resolve_calibration_method(self, precision: str, method: str) -> str:
+        """``method`` (``auto``: this backend's default) if this backend quantizes ``precision`` with
+        it; ``BackendUnavailable`` saying what it offers otherwise."""
+        if precision not in self.quantized_precisions:
+            offers = (
+                f"builds {', '.join(self.quantized_precisions)}" if self.quantized_precisions else "quantizes nothing"
+            )
+            raise BackendUnavailable(
+                f"--backend {self.name} cannot build --precision {precision} (it {offers}). {QUANTIZED_ENGINES_HINT}"
+            )
+        if method == "auto":
+            return self.calibration_methods[0]
+        if method not in self.calibration_methods:
+            raise BackendUnavailable(
+                f"--backend {self.name} has no {method!r} calibration; it offers {', '.join(self.calibration_methods)} "
+                f"(auto: {self.calibration_methods[0]})."
+            )
+        return method
 
     def check_precision(self, precision: str, device: torch.device) -> None:  # noqa: B027 - most take every precision
         """Raise ``BackendUnavailable`` if this backend cannot build ``precision`` engines for ``device``."""
@@ -118,9 +160,16 @@ class CompileBackend(ABC):
 
     @abstractmethod
     def build(
-        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+        self,
+        model: nn.Module,
+        settings: CompileSettings,
+        device: torch.device,
+        crop_size: int,
+        path: Path,
+        calibration: Calibration | None = None,
     ) -> None:
-        """Compile ``model`` (float32 interface, on ``device``, eval mode) into the file ``path``."""
+        """Compile ``model`` (float32 interface, on ``device``, eval mode) into the file ``path``;
+        quantized precisions are calibrated on ``calibration``."""
 
     @abstractmethod
     def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,6 +13,9 @@ from compile.catalog import entry_from_manifest
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
 
+if TYPE_CHECKING:
+    from compile.quantization import Calibration
+
 
 class EagerBackend(CompileBackend):
     name = "eager"
@@ -20,7 +24,13 @@ class EagerBackend(CompileBackend):
     native_code = False
 
     def build(
-        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+        self,
+        model: nn.Module,
+        settings: CompileSettings,
+        device: torch.device,
+        crop_size: int,
+        path: Path,
+        calibration: Calibration | None = None,
     ) -> None:
         # The weights at their final precision; the architecture comes back from the catalog at load.
         torch.save({k: v.cpu() for k, v in model.state_dict().items()}, path)

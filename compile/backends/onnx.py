@@ -14,9 +14,10 @@ import contextlib
 import functools
 import importlib
 import logging
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,7 +33,11 @@ from compile.backends.base import (
     export_example_size,
 )
 from compile.manifest import Manifest
+from compile.quantization.onnx_qdq import quantize_onnx, quantize_options
 from compile.settings import CompileSettings
+
+if TYPE_CHECKING:
+    from compile.quantization import Calibration
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +56,10 @@ BF16_REFUSAL = (
     f"--backend onnx cannot build bf16: ONNX's Conv has no bfloat16 type at opset {_defaults.ONNX_OPSET} (the "
     "opset exported), so ONNX Runtime rejects the graph. Use --precision fp32 (or fp16 on CUDA) with --backend "
     "onnx, or --backend inductor for bf16."
+)
+FP8_REFUSAL = (
+    "--backend onnx cannot build fp8: ONNX Runtime has no fp8 convolution kernels. fp8 is --backend tensorrt on "
+    "a GPU of compute capability 8.9 or later; --precision int8 runs on ONNX Runtime (CPU or GPU)."
 )
 CPU_FP16_REFUSAL = (
     "--backend onnx cannot build fp16 for a CPU: ONNX Runtime's CPU provider has no fp16 convolution kernels "
@@ -210,6 +219,8 @@ class OnnxBackend(CompileBackend):
     install_hint = f"Install it: {INSTALL_HINT}."
     input_memory_format = torch.contiguous_format
     native_code = False  # ONNX Runtime picks its kernels for the device it runs on
+    quantized_precisions = ("int8",)
+    calibration_methods = ("percentile", "minmax", "entropy")
 
     def check_available(self, device: torch.device) -> None:
         importable, reason = onnx_status()
@@ -223,25 +234,44 @@ class OnnxBackend(CompileBackend):
             raise BackendUnavailable(BF16_REFUSAL)
         if precision == "fp16" and device.type == "cpu":
             raise BackendUnavailable(CPU_FP16_REFUSAL)
+        if precision == "fp8":
+            raise BackendUnavailable(FP8_REFUSAL)
 
     def config(self, settings: CompileSettings, device: torch.device) -> dict[str, Any]:
         exported = {k: v for k, v in export_kwargs(settings.batch).items() if k != "dynamic_shapes"}
         available = importlib.import_module("onnxruntime").get_available_providers()
-        return {
+        config: dict[str, Any] = {
             "export": exported,
             "providers": [[name, options] for name, options in execution_providers(device, available)],
             # The thread count is set when the server loads the engine (its share of the cores).
             "session": {k: v for k, v in session_settings(device, 0).items() if k != "intra_op_num_threads"},
         }
+        if settings.quantized:
+            method = self.resolve_calibration_method(settings.precision, settings.calibration_method)
+            config["quantize_static"] = quantize_options(method)
+        return config
 
     def extra_versions(self) -> tuple[str, ...]:
         return ("onnxruntime", "onnx", "onnxscript")
 
     def build(
-        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+        self,
+        model: nn.Module,
+        settings: CompileSettings,
+        device: torch.device,
+        crop_size: int,
+        path: Path,
+        calibration: Calibration | None = None,
     ) -> None:
         from compile.weights import OnnxFileModule
 
+        if calibration is not None:
+            # An fp32 model first (the user's file, or exported as for fp32), then its QDQ int8 form.
+            with tempfile.TemporaryDirectory(prefix="vision-serve-fp32-", dir=path.parent) as scratch:
+                fp32_path = Path(scratch) / self.engine_file
+                self.build(model, settings, device, crop_size, fp32_path)
+                quantize_onnx(fp32_path, path, calibration)
+            return
         if isinstance(source := getattr(model, "model", None), OnnxFileModule):
             # Served as it is (fp32 only: build.py), made one self-contained file: a model exported
             # with its weights beside it (model.onnx.data) gets them inside.

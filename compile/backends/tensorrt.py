@@ -11,10 +11,11 @@ Precision is carried by the graph (PrecisionCast casts to fp16/bf16 inside it): 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -29,7 +30,12 @@ from compile.backends.base import (
     export_example_size,
 )
 from compile.manifest import Manifest
+from compile.quantization.modelopt import INSTALL_HINT as MODELOPT_INSTALL_HINT
+from compile.quantization.modelopt import MODELOPT_CONFIGS, export_mode, fp8_problem, quantize_for_tensorrt
 from compile.settings import CompileSettings
+
+if TYPE_CHECKING:
+    from compile.quantization import Calibration
 from compile.versions import major_minor, package_version
 
 INPUT_NAME = "images"
@@ -80,8 +86,9 @@ def tensorrt_compile_kwargs(settings: CompileSettings, device: torch.device) -> 
         "optimization_level": settings.optimization_level,
         # Convert every supported op, even a lone one: fewer PyTorch <-> TensorRT boundaries.
         "min_block_size": 1,
-        # ResNet-152 converts fully; a model that does not still runs, with PyTorch in between.
-        "require_full_compilation": False,
+        # ResNet-152 converts fully; a model that does not still runs, with PyTorch in between. Not a
+        # quantized one: a Q/DQ pair left to PyTorch would need ModelOpt in every server that loads it.
+        "require_full_compilation": settings.quantized,
         # Engines are tied to this GPU model and this TensorRT version (the manifest records both
         # and the server checks them), which lets TensorRT use every tactic it has.
         "hardware_compatible": False,
@@ -109,6 +116,23 @@ class TensorRTBackend(CompileBackend):
     runtime_libraries = ("torch", "torch_tensorrt", "tensorrt")
     exact_version_libraries = ("tensorrt",)  # we build with version_compatible=False
     install_hint = TENSORRT_HOME
+    quantized_precisions = ("int8", "fp8")
+    # ModelOpt's documented calibration; its histogram ones (entropy, percentile) are not offered
+    # until they can be run on a GPU here (compile/quantization/modelopt.py).
+    calibration_methods = ("minmax",)
+
+    def check_precision(self, precision: str, device: torch.device) -> None:
+        if precision not in self.quantized_precisions:
+            return
+        try:
+            importlib.import_module("modelopt.torch.quantization")
+        except Exception as exc:  # ImportError, or a broken install raising anything
+            raise BackendUnavailable(
+                f"--precision {precision} with --backend tensorrt quantizes with NVIDIA ModelOpt, which does not "
+                f"import here ({type(exc).__name__}: {exc}). Install it: {MODELOPT_INSTALL_HINT}."
+            ) from None
+        if precision == "fp8" and (problem := fp8_problem(torch.cuda.get_device_capability(device))):
+            raise BackendUnavailable(problem)
 
     def check_available(self, device: torch.device) -> None:
         importable, reason = torch_tensorrt_status()
@@ -126,17 +150,31 @@ class TensorRTBackend(CompileBackend):
     def config(self, settings: CompileSettings, device: torch.device) -> dict[str, Any]:
         kwargs = tensorrt_compile_kwargs(settings, device)
         kwargs["device"] = str(device)
+        if settings.quantized:
+            method = self.resolve_calibration_method(settings.precision, settings.calibration_method)
+            kwargs["modelopt"] = {"preset": MODELOPT_CONFIGS[settings.precision], "calibration": method}
         return kwargs
 
     def extra_versions(self) -> tuple[str, ...]:
         return ("torch_tensorrt", "tensorrt")
 
     def build(
-        self, model: nn.Module, settings: CompileSettings, device: torch.device, crop_size: int, path: Path
+        self,
+        model: nn.Module,
+        settings: CompileSettings,
+        device: torch.device,
+        crop_size: int,
+        path: Path,
+        calibration: Calibration | None = None,
     ) -> None:
         torch_tensorrt = importlib.import_module("torch_tensorrt")
         example = example_batch(export_example_size(settings.batch), crop_size, device)
-        exported = export_dynamic_batch(model, example, settings.batch)
+        export_context: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if calibration is not None:
+            model = quantize_for_tensorrt(model, settings.precision, calibration.method, calibration.batches(), device)
+            export_context = export_mode()  # the quantizers export as TensorRT's Q/DQ ops
+        with torch.no_grad(), export_context:
+            exported = export_dynamic_batch(model, example, settings.batch)
         compiled = torch_tensorrt.dynamo.compile(
             exported,
             arg_inputs=[torch_tensorrt.Input(**tensorrt_input_spec(settings.batch, crop_size))],

@@ -13,6 +13,11 @@ DEFAULT_SEARCH = "quick"
 # HTTP processes stay at their automatic values: on a CPU both stages of a pipeline want the same
 # cores (docs/benchmarks.md), and a few hundred images per second need no second HTTP process.
 CPU_ENGINES = ("onnx-fp32", "inductor-fp32", "inductor-bf16")
+# Added to the CPU grid when --calibration DIR is given (int8 needs calibration images, so without them
+# these are left out, and the notes say so): ONNX Runtime's QDQ int8 and PT2E int8 through AOTInductor.
+# Each goes through compile-trt's gate like any engine, at int8's thresholds; one that fails to build
+# or to pass is dropped.
+CPU_INT8_ENGINES = ("onnx-int8", "inductor-int8")
 CPU_MAX_BATCH_SIZES = (1, 4, 8, 32)
 CPU_BATCH_TIMEOUTS_MS = (0.0,)
 CPU_WORKERS_PER_DEVICE = (1, 2)
@@ -26,6 +31,9 @@ CPU_PREPROCESS = ("pil", "dali")
 # preprocessing backend that imports, and the device itself: one GPU, or all of them where there
 # are several.
 GPU_ENGINES = ("tensorrt-fp16", "tensorrt-fp32", "inductor-fp16", "inductor-bf16", "onnx-fp16")
+# Added to the GPU grid with --calibration DIR: TensorRT's int8. Not fp8 (only compute capability 8.9 and
+# later has it): --engines tensorrt-fp8 asks for it.
+GPU_INT8_ENGINES = ("tensorrt-int8",)
 GPU_MAX_BATCH_SIZES = (8, 32, 64, 128)
 GPU_BATCH_TIMEOUTS_MS = (0.0, 2.0)
 GPU_WORKERS_PER_DEVICE = (1, 2)

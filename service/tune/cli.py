@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import Field, fields
 
-from compile._defaults import LOG_LEVELS
+from compile._defaults import CALIBRATION_METHODS, LOG_LEVELS
 from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
 from service.tune import _defaults
 from service.tune.settings import TuneSettings
@@ -55,11 +55,17 @@ _HELP = {
     "confirm_rounds": "rounds of the defaults vs the tuned configuration, alternating, after the search",
     "max_memory_mib": "a configuration must use at most this much memory (GPU memory on a GPU, the server's "
     "PSS on a CPU); 0: no limit",
-    "gate_images": "folder of images for compile-trt's accuracy gate (default: its sample photos)",
+    "gate_images": "folder of images for compile-trt's accuracy gate, also --eval (default: its sample photos)",
+    "calibration": "folder of images like the served ones to calibrate int8/fp8 engines on (compile-trt "
+    "--calibration); without --engines it adds the machine's int8 engines to the grid (docs/tuning.md)",
+    "calibration_count": "int8/fp8: how many calibration images compile-trt uses (a seeded sample of the folder)",
+    "calibration_method": "int8/fp8: how compile-trt reads the activation ranges (auto: each engine's measured best)",
     "gate_min_top1_agreement": "compile-trt's gate: minimum top-1 agreement with eager fp32",
     "gate_min_top5_overlap": "compile-trt's gate: minimum top-5 overlap",
     "gate_min_cosine": "compile-trt's gate: minimum cosine similarity of the logits",
     "gate_max_rel_error": "compile-trt's gate: maximum relative logit error",
+    "gate_min_top5_agreement": "compile-trt's gate: minimum share of inputs whose fp32 top-1 is in the top-5",
+    "gate_max_prob_drop": "compile-trt's gate: maximum mean drop of the fp32 top-1 class's probability",
     "restart": "discard what an earlier run of this tune measured (the compiled engines are kept)",
 }
 
@@ -76,10 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "objective": {"choices": _defaults.OBJECTIVES},
         "search": {"choices": _defaults.SEARCHES},
         "log_level": {"choices": LOG_LEVELS},
+        "calibration_method": {"choices": CALIBRATION_METHODS},
         "restart": {"action": "store_true", "default": False},
         **{name: {"type": float, "metavar": "X"} for name in _gate_flags()},
     }
     add_settings_flags(parser, TuneSettings, _help_of, options)
+    # compile-trt's other name for the gate's images, taken here too.
+    parser.add_argument("--eval", dest="gate_images", metavar="DIR", default=None, help="the same as --gate-images")
     return parser
 
 

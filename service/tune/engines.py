@@ -21,7 +21,7 @@ from compile.cli import EXIT_GATE_FAILED, EXIT_UNAVAILABLE
 from compile.cli_flags import flag
 from compile.model_request import ModelRequest
 from service.client.launcher import parent_death_hook
-from service.tune.settings import TuneSettings
+from service.tune.settings import GATE_THRESHOLD_FIELDS, TuneSettings
 from service.tune.space import split_engine
 
 logger = logging.getLogger(__name__)
@@ -30,14 +30,16 @@ OK, GATE_FAILED, UNAVAILABLE, REFUSED, FAILED = "ok", "gate failed", "unavailabl
 EXIT_USAGE = 2  # argparse's: a flag or the model refused
 STATUS_BY_EXIT = {0: OK, EXIT_GATE_FAILED: GATE_FAILED, EXIT_UNAVAILABLE: UNAVAILABLE, EXIT_USAGE: REFUSED}
 # compile-trt's model flags and gate overrides that vision-tune passes on as they were given.
+# The gate overrides go to every engine, as the user's thresholds for the whole tune (compile-trt takes
+# each at every precision); a threshold not given leaves compile-trt's own for the precision.
 PASSED_ON = (
     *(f for f in ModelRequest.__dataclass_fields__ if f != "model"),
     "gate_images",
-    "gate_min_top1_agreement",
-    "gate_min_top5_overlap",
-    "gate_min_cosine",
-    "gate_max_rel_error",
+    *GATE_THRESHOLD_FIELDS,
 )
+# What a quantized engine (int8, fp8) is also given, always, so that its command says how it was
+# calibrated; never a non-quantized one (compile-trt refuses --calibration there).
+QUANTIZED_PASSED_ON = ("calibration", "calibration_count", "calibration_method")
 MESSAGE_LINES = 14
 
 
@@ -105,6 +107,9 @@ def compile_arguments(
         given = value is not None if name.startswith("gate_m") else value not in ("", 0)  # a threshold may be 0
         if given:
             arguments += [flag(name), str(value)]
+    if precision in compile_defaults.QUANTIZED_PRECISIONS:
+        for name in QUANTIZED_PASSED_ON:
+            arguments += [flag(name), str(getattr(settings, name))]
     arguments += [
         "--backend", backend, "--precision", precision, "--batch", ",".join(map(str, batch)),
         "--device", device, "--output", str(output),

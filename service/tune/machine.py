@@ -96,6 +96,15 @@ def build_grid(settings: TuneSettings, machine: Machine) -> tuple[SearchSpace, l
                 "inductor-bf16 left out: this CPU has no AVX-512 bf16 or AMX units, so bf16 would run emulated "
                 "(--engines inductor-bf16 measures it anyway)."
             )
+        int8 = _defaults.GPU_INT8_ENGINES if gpu else _defaults.CPU_INT8_ENGINES
+        if settings.calibration:
+            engines = (*engines, *int8)
+            notes.append(f"{', '.join(int8)} added: --calibration was given (calibrated on {settings.calibration}).")
+        else:
+            notes.append(
+                f"{', '.join(int8)} left out: int8 engines are calibrated on images like the served ones; "
+                "--calibration DIR adds them."
+            )
     preprocess = given.get("preprocess")
     if preprocess is None:
         usable = []

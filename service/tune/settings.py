@@ -15,11 +15,14 @@ from pathlib import Path
 from compile import _defaults as compile_defaults
 from compile.cli_flags import check_device_flag
 from compile.model_request import ModelRequest, check_model_flags
+from compile.settings import CALIBRATION_NEEDED, CompileSettings
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service.tune import _defaults
 
-ENGINE_PATTERN = re.compile(r"^(?P<backend>[a-z]+)-(?P<precision>fp32|fp16|bf16)$")
+ENGINE_PATTERN = re.compile(rf"^(?P<backend>[a-z]+)-(?P<precision>{'|'.join(compile_defaults.PRECISIONS)})$")
 COMPILE_BACKENDS = tuple(b for b in compile_defaults.BACKENDS if b != "auto")
+# compile-trt's gate overrides, each a field of TuneSettings too, passed on as given (engines.py: PASSED_ON).
+GATE_THRESHOLD_FIELDS = tuple(f.name for f in dataclasses.fields(CompileSettings) if f.name.startswith("gate_m"))
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,17 @@ class TuneSettings(ModelRequest):
     confirm_rounds: int = _defaults.CONFIRM_ROUNDS
     max_memory_mib: float = 0.0  # 0: no limit
     gate_images: str = ""
+    # Quantized engines (int8, fp8): the images their scales are calibrated on, as compile-trt takes them.
+    # Given without --engines, it adds the machine's int8 engines to the grid (machine.py: build_grid).
+    calibration: str = ""
+    calibration_count: int = compile_defaults.DEFAULT_CALIBRATION_COUNT
+    calibration_method: str = compile_defaults.DEFAULT_CALIBRATION_METHOD
     gate_min_top1_agreement: float | None = None
     gate_min_top5_overlap: float | None = None
     gate_min_cosine: float | None = None
     gate_max_rel_error: float | None = None
+    gate_min_top5_agreement: float | None = None
+    gate_max_prob_drop: float | None = None
     restart: bool = False
     log_level: str = "info"
 
@@ -107,7 +117,9 @@ class TuneSettings(ModelRequest):
             raise ValueError(f"--output must name a .toml file (vision-serve --config reads it), got {self.output!r}.")
         check_device_flag(self.device)
         check_model_flags(ModelRequest.from_settings(self))
+        check_compile_flags(self)
         self.grid_values()  # every grid list parses
+        check_calibration(self)
 
     def grid_values(self) -> dict[str, tuple]:
         """The grid lists that were given, parsed (a dimension left out is not in the mapping)."""
@@ -141,6 +153,53 @@ class TuneSettings(ModelRequest):
         return dataclasses.asdict(self)
 
 
+def check_compile_flags(settings: TuneSettings) -> None:
+    """The calibration flags and gate thresholds, checked by compile-trt's own settings (its words),
+    as the engines' compile-trt commands will pass them on."""
+    int8, fp32 = compile_defaults.QUANTIZED_PRECISIONS[0], compile_defaults.DEFAULT_PRECISION
+    CompileSettings(
+        precision=int8 if settings.calibration else fp32,  # compile-trt refuses --calibration at fp32
+        calibration=settings.calibration,
+        calibration_count=settings.calibration_count,
+        calibration_method=settings.calibration_method,
+        **{f: getattr(settings, f) for f in GATE_THRESHOLD_FIELDS},
+    )
+
+
+def check_calibration(settings: TuneSettings) -> None:
+    """--engines and --calibration together: a quantized engine needs calibration images, and
+    calibration images need a quantized engine."""
+    engines = settings.grid_values().get("engines")
+    if engines is None:
+        return  # the machine's grid: --calibration adds its int8 engines
+    quantized = quantized_engines(engines)
+    if quantized and not settings.calibration:
+        raise ValueError(calibration_needed(quantized))
+    # A usage error rather than a warning: compile-trt refuses --calibration for a precision that
+    # is not quantized, and a tune is long; a flag dropped silently would let the user believe int8
+    # was tried. Without --engines the flag is what adds the int8 engines, so it always does something.
+    if settings.calibration and not quantized:
+        raise ValueError(
+            f"--calibration calibrates quantized engines ({'/'.join(compile_defaults.QUANTIZED_PRECISIONS)}), "
+            f"and --engines {','.join(engines)} holds none. Add one (e.g. onnx-int8) to --engines, drop "
+            "--engines to take the machine's grid with its int8 engines, or drop --calibration."
+        )
+
+
+def quantized_engines(engines: tuple[str, ...]) -> tuple[str, ...]:
+    """The engines of ``engines`` at a quantized precision (int8, fp8): those that need --calibration."""
+    return tuple(e for e in engines if e.rpartition("-")[2] in compile_defaults.QUANTIZED_PRECISIONS)
+
+
+def calibration_needed(engines: tuple[str, ...]) -> str:
+    """compile-trt's words for a quantized precision without --calibration, said of vision-tune's --engines."""
+    precision = engines[0].rpartition("-")[2]
+    text = CALIBRATION_NEEDED.format(precision=precision)
+    head = f"--precision {precision} "
+    rest = text[len(head) :] if text.startswith(head) else f"needs --calibration DIR: {text}"
+    return f"--engines {','.join(engines)} {rest}"
+
+
 def split_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -163,7 +222,8 @@ def parse_engines(text: str) -> tuple[str, ...]:
         if not match or match.group("backend") not in COMPILE_BACKENDS:
             raise ValueError(
                 f"--engines takes BACKEND-PRECISION pairs separated by commas, e.g. onnx-fp32,inductor-bf16 "
-                f"(backends: {', '.join(COMPILE_BACKENDS)}; precisions: fp32, fp16, bf16); got {part!r}."
+                f"(backends: {', '.join(COMPILE_BACKENDS)}; precisions: {', '.join(compile_defaults.PRECISIONS)}); "
+                f"got {part!r}."
             )
         if part not in engines:
             engines.append(part)

@@ -25,7 +25,7 @@ from service.client.launcher import ServerProcess, free_port
 from tests.finetuned import LABELS, FineTuned, make_finetuned
 
 SERVED_NAME = "pets"
-# Seven compiles (one of them AOTInductor) and eight servers: about six minutes on 2 cores.
+# Ten compiles (two of them AOTInductor, three int8) and eleven servers: about nine minutes on 2 cores.
 pytestmark = pytest.mark.slow
 
 
@@ -161,3 +161,37 @@ def test_an_architecture_gets_a_head_of_the_labels_size_from_a_weights_file(
         data, _ = finetuned.held_back[0]
         result = httpx.post(f"{server.url}/predict", content=data, params={"top_k": 4}, timeout=60).json()
         assert {p["label"] for p in result["predictions"]} == set(LABELS)
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    """scikit-image's other photos and their augmentations: none of the fine-tuned model's photos."""
+    from compile.sample_photos import write_sample_calibration_set
+
+    folder = tmp_path_factory.mktemp("calibration")
+    write_sample_calibration_set(folder)
+    return folder
+
+
+def own_model_args(finetuned: FineTuned, route: str) -> list[str]:
+    """The flags a user gives for each form of their model: its files, or a catalog architecture with
+    their weights (preprocessing from the architecture)."""
+    if route == "weights":
+        return ["--model", "efficientnet-lite0", "--weights", str(finetuned.weights), "--labels", str(finetuned.labels)]
+    return ["--model", str(getattr(finetuned, route)), "--labels", str(finetuned.labels), *finetuned.preprocess_flags]
+
+
+@pytest.mark.parametrize(("route", "backend"), [("onnx", "onnx"), ("program", "inductor"), ("weights", "onnx")])
+def test_its_model_quantizes_to_int8_and_still_serves_its_classes(
+    finetuned, calibration, tmp_path, route, backend
+) -> None:
+    """Issue 43: the user's own model quantizes as the catalog models do (its ONNX file through ONNX
+    Runtime's QDQ, its ExportedProgram through PT2E, its weights and labels on the architecture):
+    gated, served, every held-back crop right."""
+    args = [*own_model_args(finetuned, route), "--name", SERVED_NAME, "--backend", backend]
+    args += ["--precision", "int8", "--calibration", str(calibration), "--batch", "1,4,8"]
+    artifact = compiled(tmp_path / "artifact", *args)
+    with serving(["--artifact", str(artifact)], tmp_path / "server.log") as server:
+        assert_every_crop_answered_right(server, finetuned, SERVED_NAME)
+        engine = httpx.get(f"{server.url}/info", timeout=10).json()["model"]["engine"]
+    assert engine == ("onnxruntime-int8" if backend == "onnx" else "inductor-int8")

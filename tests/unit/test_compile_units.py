@@ -157,12 +157,20 @@ def test_random_weights_gate_on_logits_so_rounding_noise_at_near_ties_cannot_fai
 def test_compare_logits_identical_and_disagreeing() -> None:
     reference = torch.randn(6, 1000, generator=torch.Generator().manual_seed(1))
     same = compare_logits(reference.clone(), reference)
-    assert same == {"top1_agreement": 1.0, "top5_overlap": 1.0, "cosine": pytest.approx(1.0), "max_rel_error": 0.0}
+    assert same == {
+        "top1_agreement": 1.0,
+        "top5_overlap": 1.0,
+        "top5_agreement": 1.0,
+        "mean_prob_drop": 0.0,
+        "cosine": pytest.approx(1.0),
+        "max_rel_error": 0.0,
+    }
     flipped = reference.clone()
     flipped[0] = -flipped[0]  # one row now ranks every class backwards
     measures = compare_logits(flipped, reference)
     assert measures["top1_agreement"] == pytest.approx(5 / 6)
     assert measures["top5_overlap"] == pytest.approx(5 / 6)
+    assert measures["top5_agreement"] == pytest.approx(5 / 6)
     assert measures["cosine"] == pytest.approx(-1.0)
     assert measures["max_rel_error"] == pytest.approx(2.0)
 

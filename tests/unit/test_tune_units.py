@@ -62,7 +62,7 @@ def settings(**values) -> TuneSettings:
         ({"search": "random"}, "--search must be quick"),
         ({"rate": 10.0}, "--rate is the load of --objective latency"),
         ({"output": "tuned.yaml"}, "--output must name a .toml file"),
-        ({"engines": "onnx-int8"}, "--engines takes BACKEND-PRECISION"),
+        ({"engines": "onnx-int4"}, "--engines takes BACKEND-PRECISION"),
         ({"engines": "auto-fp32"}, "--engines takes BACKEND-PRECISION"),
         ({"max_batch_sizes": "1,0"}, "--max-batch-sizes takes numbers >= 1"),
         ({"batch_timeouts_ms": "a"}, "--batch-timeouts-ms takes numbers"),
