@@ -12,6 +12,7 @@ outputs use all 256 levels), the form oneDNN's VNNI kernels take.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from typing import Any
@@ -29,6 +30,7 @@ INSTALL_HINT = "pip install 'vision-serve[quantize]' (torchao)"
 ACTIVATION_OBSERVERS = {"histogram": "HistogramObserver", "minmax": "MinMaxObserver"}
 
 
+@functools.cache
 def torchao_status() -> tuple[bool, str]:
     """(importable, why not) for the PT2E flow and its x86 quantizer."""
     try:

@@ -186,3 +186,31 @@ def test_a_tune_stopped_by_kill_and_by_ctrl_c_leaves_no_server_and_resumes(tmp_p
     assert ("confirm-tuned", read_config_file(tmp_path / "tuned.toml")["max_batch_size"], 0) in final
     assert done.stderr.count("-m service.cli --config") == len(final) - len(read_back)  # the rest only
     assert server_mains(tmp_path) == []
+
+
+def test_calibration_adds_an_int8_engine_that_is_gated_measured_and_served(tmp_path, artifacts, coffee_jpeg):
+    """Issue 43: with --calibration, an int8 engine is compiled by compile-trt with the calibration
+    flags, passes int8's gate, is measured like any engine, and its artifact serves."""
+    from compile.sample_photos import write_sample_calibration_set
+
+    calibration = tmp_path / "calibration"
+    write_sample_calibration_set(calibration)
+    command = tune(
+        tmp_path, artifacts, "--engines", "onnx-int8", "--calibration", str(calibration),
+        "--max-batch-sizes", "4", "--confirm-rounds", "1",
+    )  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    builds = {
+        e["build"]["engine"]: e["build"] for e in journal_entries(tmp_path / "tuned.work") if e["kind"] == "engine"
+    }
+    int8 = builds["onnx-int8"]
+    assert int8["status"] == "ok", int8["message"]
+    assert int8["command"][int8["command"].index("--calibration") + 1] == str(calibration)
+    assert "mean_prob_drop" in int8["message"]  # the int8 gate's figures
+    with (tmp_path / "tuned.csv").open() as f:
+        assert "onnx-int8" in {row["engine"] for row in csv.DictReader(f)}
+    with ServerProcess(["--artifact", int8["artifact"]], log_path=tmp_path / "serve.log") as server:
+        assert httpx.get(f"{server.url}/info", timeout=10).json()["model"]["engine"] == "onnxruntime-int8"
+        with VisionClient(server.url) as client:
+            assert client.classify(coffee_jpeg).top1.label == "espresso"

@@ -224,3 +224,13 @@ def test_the_calibration_reader_yields_runs_and_honours_ranges() -> None:
     assert [len(r) for r in rows] == [8, 8, 4] and np.array_equal(np.concatenate(rows), images.numpy())
     reader.set_range(1, 2)
     assert np.array_equal(reader.get_next()["images"], images[8:16].numpy()) and reader.get_next() is None
+
+
+def test_auto_picks_the_int8_engine_measured_fastest_on_a_cpu(monkeypatch) -> None:
+    import compile.backends as backends
+
+    monkeypatch.setattr(backends, "torchao_status", lambda: (True, "imports"))
+    assert backends.resolve_compile_backend("auto", torch.device("cpu"), "int8")[0] == "inductor"
+    monkeypatch.setattr(backends, "torchao_status", lambda: (False, "ImportError"))
+    backend, reason = backends.resolve_compile_backend("auto", torch.device("cpu"), "int8")
+    assert backend == "onnx" and "vision-serve[quantize]" in reason
