@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from compile import _defaults
-from compile._defaults import IMAGE_SUFFIXES
 from compile.backends.base import EngineCallable, use_exact_fp32
 from compile.catalog import ModelEntry
 from compile.sample_photos import sample_photo_files
@@ -97,9 +96,9 @@ def gate_photos(folder: str = "", quantized: bool = False) -> list[tuple[str, by
         root = Path(folder).expanduser()
         if not root.is_dir():
             raise ValueError(f"--gate-images {folder!r} is not a directory of images.")
-        paths = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:MAX_GATE_IMAGES]
+        paths = sorted(p for p in root.iterdir() if p.suffix.lower() in _defaults.IMAGE_SUFFIXES)[:MAX_GATE_IMAGES]
         if not paths:
-            raise ValueError(f"--gate-images {folder!r} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
+            raise ValueError(f"--gate-images {folder!r} holds no images ({', '.join(_defaults.IMAGE_SUFFIXES)}).")
         return [(p.name, p.read_bytes()) for p in paths]
     try:
         return sample_photo_files("PNG")  # lossless: the gate compares on the photos themselves

@@ -196,7 +196,8 @@ def check_disjoint(
     """Refuse an evaluation set that holds calibration images: the gate would grade the engine on
     what it was calibrated with. Copies are found on their preprocessed thumbnails, so a photo saved
     again (another format or quality) is found too."""
-    distance = torch.cdist(thumbnails(evaluation), thumbnails(calibration), p=1) / thumbnails(evaluation[:1]).shape[1]
+    evaluated = thumbnails(evaluation)
+    distance = torch.cdist(evaluated, thumbnails(calibration), p=1) / evaluated.shape[1]  # mean |difference|
     same = (distance < _defaults.NEAR_DUPLICATE_DISTANCE).nonzero().tolist()
     if same:
         pairs = [f"{evaluation_names[e]} = {calibration_names[c]}" for e, c in same]
