@@ -46,7 +46,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     python deploy/docker/requirements.py --only torch,torchvision >/tmp/torch.txt \
  && pip install --quiet --index-url "${TORCH_INDEX_URL}" --requirement /tmp/torch.txt \
  && python deploy/docker/requirements.py --installed torch,torchvision >/tmp/keep.txt \
- && python deploy/docker/requirements.py --extras demo,timm,quantize --without torch,torchvision >/tmp/deps.txt \
+ && python deploy/docker/requirements.py --extras demo,timm,quantize,cache,tracing --without torch,torchvision >/tmp/deps.txt \
  && pip install --quiet --requirement /tmp/deps.txt --constraint /tmp/keep.txt \
  && rm /tmp/torch.txt /tmp/keep.txt /tmp/deps.txt
 

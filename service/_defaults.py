@@ -86,3 +86,20 @@ ADMIN_API_KEY = ""
 # Longest a load may take, from the call to a new version's workers all warm; then it fails and the
 # old version keeps serving.
 LOAD_TIMEOUT_S = 300.0
+
+# The response cache (service/http/cache/): answers kept per HTTP process, keyed on the image's bytes,
+# the model version and the options that change the answer; 0 MiB: off. A hit is answered before any
+# decode. Optional Redis shared by several replicas (redis://[:password@]host:port/db; empty: none),
+# asked with a bounded timeout: a slow or dead Redis is a miss, never an error or a stall, and after a
+# failure it is left alone for REDIS_RETRY_AFTER_S.
+RESPONSE_CACHE_MB = 0
+RESPONSE_CACHE_REDIS = ""
+RESPONSE_CACHE_REDIS_TIMEOUT_MS = 20.0
+RESPONSE_CACHE_REDIS_TTL_S = 86400.0
+RESPONSE_CACHE_REDIS_RETRY_AFTER_S = 5.0
+
+# OpenTelemetry tracing (service/tracing/): the share of requests traced (0: off, and free), and the
+# OTLP/gRPC collector the spans go to (e.g. http://127.0.0.1:4317). A client's W3C traceparent is
+# honoured: its sampled flag decides for its request.
+TRACE_SAMPLE_RATE = 0.0
+OTLP_ENDPOINT = ""

@@ -62,6 +62,16 @@ _HELP = {
     "the only model",
     "load_timeout_s": "longest a model load may take until its workers are warm; then it fails and the old "
     "version keeps serving",
+    "response_cache_mb": "MiB of answers each HTTP process keeps, keyed on the image's bytes, model version and "
+    "top-k; a repeated image is answered before any decode (X-Cache: hit); 0: no cache",
+    "response_cache_redis": "a Redis shared by several replicas behind the per-process cache: "
+    "redis://[:password@]host:port/db; a slow or dead Redis counts as a miss",
+    "response_cache_redis_timeout_ms": "longest wait for Redis on a lookup; slower is a miss, and Redis is "
+    "then skipped for a few seconds",
+    "response_cache_redis_ttl_s": "seconds an answer stays in Redis",
+    "trace_sample_rate": "share of requests traced with OpenTelemetry (0: off; a client's traceparent decides "
+    "for its own request)",
+    "otlp_endpoint": "OTLP/gRPC collector for the traces, e.g. http://127.0.0.1:4317",
     "admin_api_key": "key of the repository API (X-API-Key or Authorization: Bearer); required with "
     "--model-control explicit, and different from --api-key",
     "api_key": "key clients must send as X-API-Key or Authorization: Bearer to /predict and /info; prefer "

@@ -57,6 +57,11 @@ METRIC_NAMES = tuple(
         "build_info",
         "model_ready",
         "model_images_total",
+        "response_cache_hits_total",
+        "response_cache_misses_total",
+        "response_cache_redis_errors_total",
+        "requests_abandoned_total",
+        "images_unclaimed_total",
     )
 )
 
@@ -117,6 +122,11 @@ class Metrics:
     model_images: Any
     gpu_memory_used: Any
     gpu_memory_total: Any
+    cache_hits: Any
+    cache_misses: Any
+    cache_redis_errors: Any
+    requests_abandoned: Any
+    images_unclaimed: Any
     registry: Any  # this process's own values: what /metrics shows without multiprocess mode
 
     def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
@@ -152,7 +162,7 @@ def metrics() -> Metrics:
     values.ValueClass = values.get_value_class()
     registry = CollectorRegistry()
     common = {"registry": registry}
-    return Metrics(
+    made = Metrics(
         requests=Counter(
             PREFIX + "requests",
             "Inference responses (POST /predict, OIP infer over HTTP and gRPC) by HTTP status code.",
@@ -161,7 +171,8 @@ def metrics() -> Metrics:
         ),
         stage_duration=Histogram(
             PREFIX + "stage_duration_seconds",
-            "Seconds each request spent per stage: queue (admission to batch start), preprocess, pipeline_wait "
+            "Seconds each request spent per stage: cache (a response-cache hit's lookup), queue (admission to batch "
+            "start), preprocess, pipeline_wait "
             "(a pipelined worker's prepared batch waiting for the engine), inference, postprocess, and total "
             "(admission to answer, as Server-Timing's total).",
             ["stage"],
@@ -199,8 +210,43 @@ def metrics() -> Metrics:
             multiprocess_mode="livemax",
             **common,
         ),
+        cache_hits=Counter(
+            PREFIX + "response_cache_hits",
+            "Images answered from the response cache, by where the answer was: memory (this HTTP process) or redis.",
+            ["tier"],
+            **common,
+        ),
+        cache_misses=Counter(
+            PREFIX + "response_cache_misses", "Images looked up in the response cache and not found.", **common
+        ),
+        cache_redis_errors=Counter(
+            PREFIX + "response_cache_redis_errors",
+            "Redis calls of the response cache that failed (timeout or error); each lookup among them was a miss.",
+            ["reason"],
+            **common,
+        ),
+        requests_abandoned=Counter(
+            PREFIX + "requests_abandoned",
+            "Images dropped unrun because their client left (disconnected, or cancelled its gRPC call), by where "
+            "they were dropped: http (before they were sent to a worker) or worker (before their batch was prepared).",
+            ["where"],
+            **common,
+        ),
+        images_unclaimed=Counter(
+            PREFIX + "images_unclaimed",
+            "Images decoded and run for nobody: their answer came back after the client left or got its 504.",
+            **common,
+        ),
         registry=registry,
     )
+    # The labelled series whose labels are known, at 0 from the start (see multiprocess_mode).
+    for tier in ("memory", "redis"):
+        made.cache_hits.labels(tier=tier)
+    for reason in ("timeout", "error"):
+        made.cache_redis_errors.labels(reason=reason)
+    for where in ("http", "worker"):
+        made.requests_abandoned.labels(where=where)
+    return made
 
 
 def mark_process_dead(pid: int | None) -> None:

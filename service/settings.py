@@ -6,6 +6,7 @@ the defaults. ``resolve_settings`` applies that order and remembers where each v
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import math
 import os
@@ -27,6 +28,8 @@ from service import _defaults
 from service.logs import LOG_FORMATS
 
 ALLOWED_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe's run() accepts
+# Never logged or shown: keys, and the Redis URL (it may carry a password).
+SECRET_FIELDS = ("api_key", "admin_api_key", "response_cache_redis")
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,15 @@ class ServeSettings(ModelRequest):
     model_control: str = _defaults.MODEL_CONTROL
     default_model: str = _defaults.DEFAULT_MODEL
     load_timeout_s: float = _defaults.LOAD_TIMEOUT_S
+    response_cache_mb: int = _defaults.RESPONSE_CACHE_MB
+    response_cache_redis_timeout_ms: float = _defaults.RESPONSE_CACHE_REDIS_TIMEOUT_MS
+    response_cache_redis_ttl_s: float = _defaults.RESPONSE_CACHE_REDIS_TTL_S
+    trace_sample_rate: float = _defaults.TRACE_SAMPLE_RATE
+    otlp_endpoint: str = _defaults.OTLP_ENDPOINT
     # Secrets: kept out of repr() (and so out of logs and tracebacks) and out of as_dict().
     api_key: str = field(default=_defaults.API_KEY, repr=False)
     admin_api_key: str = field(default=_defaults.ADMIN_API_KEY, repr=False)
+    response_cache_redis: str = field(default=_defaults.RESPONSE_CACHE_REDIS, repr=False)  # may hold a password
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -129,6 +138,7 @@ class ServeSettings(ModelRequest):
                     "carry nothing else reliably."
                 )
         self._check_repository()
+        check_cache_and_tracing(self)
 
     def _check_repository(self) -> None:
         if self.model_control not in _defaults.MODEL_CONTROL_MODES:
@@ -170,11 +180,53 @@ class ServeSettings(ModelRequest):
         return self.name or self.model
 
     def as_dict(self) -> dict:
-        """The settings without the API key, safe to log or show."""
-        values = asdict(self)
-        for name in ("api_key", "admin_api_key"):
-            values[name] = "(set)" if values[name] else ""
-        return values
+        """The settings without the keys and secrets, safe to log or show."""
+        return {k: ("(set)" if v else "") if k in SECRET_FIELDS else v for k, v in asdict(self).items()}
+
+
+def module_installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def check_cache_and_tracing(settings: ServeSettings) -> None:
+    """The response cache's and tracing's flags (service/http/cache/, service/tracing/)."""
+    if settings.response_cache_mb < 0:
+        raise ValueError(f"--response-cache-mb must be >= 0 (0: no cache), got {settings.response_cache_mb}.")
+    if settings.response_cache_redis:
+        if not settings.response_cache_redis.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                "--response-cache-redis must be a Redis URL: redis://[:password@]host:port/db, rediss://... "
+                "(TLS) or unix:///path/redis.sock."
+            )
+        if settings.response_cache_mb == 0:
+            raise ValueError(
+                "--response-cache-redis needs --response-cache-mb N > 0: the per-process cache in front of "
+                "Redis (a few MiB is enough)."
+            )
+    for name in ("response_cache_redis_timeout_ms", "response_cache_redis_ttl_s"):
+        value = getattr(settings, name)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a number > 0, got {value}.")
+    if not 0.0 <= settings.trace_sample_rate <= 1.0:
+        raise ValueError(
+            f"--trace-sample-rate must be in 0..1 (0: no tracing, 1: every request), got {settings.trace_sample_rate}."
+        )
+    for wanted, module, extra in (
+        (settings.response_cache_redis, "redis", "cache"),
+        (settings.trace_sample_rate > 0, "opentelemetry.sdk", "tracing"),
+        (settings.trace_sample_rate > 0, "opentelemetry.exporter.otlp.proto.grpc", "tracing"),
+    ):
+        if wanted and not module_installed(module):
+            flag_name = "--response-cache-redis" if extra == "cache" else "--trace-sample-rate"
+            raise ValueError(f"{flag_name} needs {module}, not installed here: pip install 'vision-serve[{extra}]'.")
+    if settings.trace_sample_rate > 0 and not settings.otlp_endpoint:
+        raise ValueError(
+            "--trace-sample-rate > 0 needs --otlp-endpoint URL: the OTLP/gRPC collector the spans go to "
+            "(e.g. http://127.0.0.1:4317)."
+        )
 
 
 def resolve_api_servers(requested: int, accelerator: str, inference_workers: int, cpu_count: int) -> int:
@@ -321,7 +373,7 @@ def render_config(resolved: ResolvedSettings) -> str:
     rows = []
     for name, value in asdict(resolved.settings).items():
         source = resolved.sources[name]
-        if name in ("api_key", "admin_api_key"):
+        if name in SECRET_FIELDS:
             state = "set" if value else "not set"
             rows.append((f"# {name} = ... ({state}; never printed)", source))
             continue

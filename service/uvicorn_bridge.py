@@ -13,7 +13,9 @@ protocol with:
 - a cap on the bytes of a request's headers (``--max-header-bytes``): past it, 431 and close;
 - a deadline for the body, from the end of the headers (``--body-timeout-s``): past it, 408 and
   close. The route reading the body then sees the connection gone and counts the request as 408
-  (service/http/base/limits.py).
+  (service/http/base/limits.py);
+- a ``Departure`` in each request's scope, told when the connection is lost before the answer is
+  complete, so that work for a client that left is dropped (service/http/base/departure.py).
 
 One sweep per process every ``SWEEP_INTERVAL_S`` checks the deadlines of every open connection, so
 a request pays for a few clock reads, not for timers of its own.
@@ -35,6 +37,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service import _defaults
+from service.http.base.departure import DEPARTURE, Departure
 
 # The versions this file was checked against, as pyproject.toml pins them: [oldest, first not supported).
 SUPPORTED_UVICORN = ((0, 30), (0, 55))
@@ -131,10 +134,25 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._header_bytes = -1
             self._deadline = (time.monotonic() + limits.body_timeout_s, body_timeout)
             super().on_headers_complete()
+            self.scope[DEPARTURE] = Departure()  # type: ignore[literal-required]
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            cycle = self.cycle
+            super().connection_lost(exc)
+            # The client left before its answer was complete: work still queued for it is dropped.
+            if cycle is not None and not cycle.response_complete:
+                departure = cycle.scope.get(DEPARTURE)
+                if departure is not None:
+                    departure.leave()
 
         def on_message_complete(self) -> None:
             self._deadline = None
             super().on_message_complete()
+            # uvicorn pauses reading while a body over 64 KiB is buffered and may leave it paused once
+            # the request is complete; a paused socket never reports the client's close, so a client
+            # that left would not be noticed until its answer was written. A pipelined request read
+            # from here on pauses reading again (uvicorn's own check).
+            self.flow.resume_reading()
 
         def _refuse(self, refusal: bytes) -> None:
             self._deadline = None

@@ -3,7 +3,8 @@
 sides import it, and neither imports the other's modules.
 
 HTTP process -> worker: a ``RequestBatch`` (the images one HTTP process queued for one worker in one
-turn of its event loop); the worker takes them one by one as ``QueuedRequest``. Worker -> HTTP
+turn of its event loop); the worker takes them one by one as ``QueuedRequest``. ``AbandonedRequests``
+names those whose client left, on a channel of its own. Worker -> HTTP
 process: an ``AnswerBatch`` (a batch's answers for that process). One message, and one typed object,
 per batch rather than per image: pickling an object per image is what would cost. The HTTP process
 renders each ``Answer`` in its protocol's form (service/http/predict/render.py, service/http/oip/).
@@ -31,6 +32,9 @@ class ImageRequest:
     # None: made by the worker itself (warm-up).
     queued_at: float | None = None
     request_id: str | None = None  # for the worker's logs (service/http/base/observer.py)
+    # The W3C traceparent of the HTTP process's span for this image when the request is traced
+    # (service/tracing/), so the worker's spans join its trace; None when not traced.
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,14 @@ class RequestBatch(NamedTuple):
     # (service/repository/table.py). A worker that has one from every HTTP process and has answered
     # everything before them exits.
     final: bool = False
+
+
+class AbandonedRequests(NamedTuple):
+    """HTTP process -> worker, on a socket of its own (so it overtakes the requests queued before
+    it): these requests' clients left; drop them unrun if they are still queued."""
+
+    api_server: int
+    uids: list[int]
 
 
 class QueuedRequest(NamedTuple):

@@ -30,7 +30,10 @@ PROJECT = "vision-serve"
 # What each image installs besides its base's own packages. The GPU image keeps the NGC base's torch,
 # torchvision and Torch-TensorRT (built for its TensorRT), so they are left out of its file.
 IMAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gpu": (("offline", "onnx-gpu", "gpu", "timm", "tune", "tensorrt-quant"), ("torch", "torchvision")),
+    "gpu": (
+        ("offline", "onnx-gpu", "gpu", "timm", "tune", "tensorrt-quant", "cache", "tracing"),
+        ("torch", "torchvision"),
+    ),
 }
 HEADER = """\
 # Generated from pyproject.toml; do not edit. Regenerate with:

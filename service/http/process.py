@@ -4,7 +4,8 @@
 share: the settings, the request limits, the admission gate (shared memory), the dispatcher, the
 channels' configuration. In each HTTP process, ``running(api_server)`` then opens that process's own
 request/answer channel, its view of the workers (``WorkerWatch``) and its gRPC server, attaches the
-first two to the dispatcher, and closes all of them when the process ends.
+first two to the dispatcher, turns tracing on when it is (service/tracing/), and closes all of them
+when the process ends.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from service.http.base.admission import AdmissionGate
 from service.http.base.dispatch import ImageDispatcher
 from service.http.base.limits import RequestLimits
 from service.http.base.worker_watch import WorkerWatch
+from service.http.cache import ResponseCache
 from service.metrics import LiveState, LiveStateCollector
 from service.model_info import ModelInfo
 from service.repository.http_calls import RepositoryCalls
 from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.settings import ServeSettings
+from service.tracing import configure_tracing, shutdown_tracing
 from service.transport.channels import ApiChannel, ChannelConfig
 
 logger = logging.getLogger(__name__)
@@ -60,13 +63,17 @@ class HttpFrontEnd:
     @contextlib.asynccontextmanager
     async def running(self, api_server: int) -> AsyncIterator[None]:
         """This HTTP process's channel, worker watch and gRPC server, for the life of the process."""
+        # Here, after the fork: an exporter's thread made in the main process would not survive it.
+        configure_tracing(self.settings.trace_sample_rate, self.settings.otlp_endpoint, f"http-{api_server}")
         channel = ApiChannel(self.channels, api_server)
         watch = WorkerWatch(
             self.read_worker_states, channel, table_file=TableFile(self.channels.directory), acks=self.table_acks
         )
         watch.refresh()
         self.watch = watch
-        self.dispatcher.attach(channel, watch)
+        # Each process its own cache, and its own Redis client made in its own loop (after the fork).
+        cache = ResponseCache.from_settings(self.settings)
+        self.dispatcher.attach(channel, watch, cache)
         loop = asyncio.get_running_loop()
         tasks = [
             loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
@@ -84,6 +91,9 @@ class HttpFrontEnd:
             self.dispatcher.detach()
             self.watch = None
             channel.close()
+            if cache is not None:
+                await cache.close()
+            shutdown_tracing()  # this process's last spans, before it exits (a forked process runs no atexit)
 
     async def start_grpc(self) -> object:
         """The Open Inference Protocol's gRPC service in this HTTP process (service/http/grpc/service.py)."""
@@ -135,6 +145,11 @@ class HttpFrontEnd:
     def queue_depth(self) -> int:
         """Images admitted and not yet in a running batch, across the server."""
         return max(0, self.gate.admitted - sum(self.running_batches))
+
+    def response_cache(self) -> dict | None:
+        """``/info``'s ``response_cache``: this HTTP process's cache, or ``None`` when it is off."""
+        cache = self.dispatcher.cache
+        return cache.stats() if cache is not None else None
 
     def in_flight(self) -> int:
         return self.gate.admitted

@@ -65,6 +65,7 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
         """The default model (``model``), every served model version (``models``), the server."""
         server = dict(server_info)
         server["queued"] = frontend.gate.admitted
+        server["response_cache"] = frontend.response_cache()
         default = frontend.default_model()
         models = [
             {"name": route.name, "version": route.version, **route.model.to_dict()}

@@ -21,6 +21,11 @@ Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests ar
 Messages are the pickled types of service/wire.py: ``RequestBatch`` one way, ``AnswerBatch`` the
 other.
 
+A request whose client left (service/http/base/departure.py) is dropped wherever it still is: taken
+out of this turn's message if it was not sent yet, else named to its worker on a third socket, the
+worker's cancel socket, which the worker reads before it prepares each batch (requests wait in the
+request pipe; a cancel behind them there would arrive too late).
+
 Workers come and go with model loads (service/supervisor/pool/workers.py): an HTTP process connects to a
 worker on its first request, and ``retire`` sends a worker the final message after everything else
 this process sent it, so the worker can tell when it has answered all it will ever get (``drained``).
@@ -34,7 +39,7 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -42,7 +47,9 @@ import zmq
 import zmq.asyncio
 
 from service.errors import Overloaded
-from service.wire import Answer, AnswerBatch, ImageRequest, QueuedRequest, RequestBatch, answer_for
+from service.metrics import metrics
+from service.transport.worker_queue import WorkerQueue
+from service.wire import AbandonedRequests, Answer, AnswerBatch, ImageRequest, QueuedRequest, RequestBatch, answer_for
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,9 @@ class ChannelConfig:
     def request_address(self, worker_id: int) -> str:
         return f"ipc://{self.directory}/requests-{worker_id}"
 
+    def cancel_address(self, worker_id: int) -> str:
+        return f"ipc://{self.directory}/cancels-{worker_id}"
+
     def answer_address(self, api_server: int) -> str:
         return f"ipc://{self.directory}/answers-{api_server}"
 
@@ -79,6 +89,8 @@ class WorkerChannel:
         self._context = zmq.Context()
         self._requests = self._context.socket(zmq.PULL)
         self._requests.bind(config.request_address(worker_id))
+        self._cancels = self._context.socket(zmq.PULL)
+        self._cancels.bind(config.cancel_address(worker_id))
         self._answers = []
         for api_server in range(config.api_servers):
             socket = self._context.socket(zmq.PUSH)
@@ -89,7 +101,7 @@ class WorkerChannel:
         # A pipelined worker answers from two threads (expired requests from the one that takes
         # them); a ZeroMQ socket must not be used by two threads at once.
         self._answer_lock = threading.Lock()
-        self._received: deque[QueuedRequest] = deque()  # the rest of the last message's requests
+        self._received = WorkerQueue()  # received and not taken yet; and the cancels not matched yet
         self._api_servers = config.api_servers
         self._finished: set[int] = set()  # HTTP processes that sent their final message
 
@@ -98,22 +110,60 @@ class WorkerChannel:
         """Every HTTP process said it sends nothing more, and every request taken was handed out."""
         return len(self._finished) >= self._api_servers and not self._received
 
-    def receive(self, timeout_s: float | None) -> QueuedRequest | None:
-        """The next request; ``None`` if none came within ``timeout_s`` (0: only one already here),
+    def receive(self, timeout_s: float | None, newest: bool = False) -> QueuedRequest | None:
+        """The next request: the oldest received, or the newest (call ``read_pending`` first, so that
+        it is the newest sent); ``None`` if none came within ``timeout_s`` (0: only one already here),
         or at once once ``drained``."""
         while not self._received:
             if self.drained:
                 return None
             if timeout_s is not None and not self._requests.poll(max(0, round(timeout_s * 1000))):
                 return None
-            batch: RequestBatch = pickle.loads(self._requests.recv())
-            api_server = batch.api_server
-            self._received.extend(
-                QueuedRequest(api_server, uid, request) for uid, request in zip(batch.uids, batch.requests, strict=True)
-            )
-            if batch.final:
-                self._finished.add(api_server)
-        return self._received.popleft()
+            self._take_message()
+        return self._received.take(newest)
+
+    def read_pending(self) -> None:
+        """Receive every message already sent, without waiting."""
+        while self._requests.poll(0):
+            self._take_message()
+
+    def _take_message(self) -> None:
+        batch: RequestBatch = pickle.loads(self._requests.recv())
+        self._received.add(batch)
+        if batch.final:
+            self._finished.add(batch.api_server)
+
+    def take_expired(self, max_age_s: float) -> list[QueuedRequest]:
+        """The received requests queued longer than ``max_age_s``, taken out (to be answered 504)."""
+        return self._received.take_expired(max_age_s)
+
+    def read_cancels(self) -> int:
+        """Take in the cancels the HTTP processes sent; returns how many requests they name. Those queued
+        here are dropped now, the others when taken (``abandoned``)."""
+        named = dropped = 0
+        while True:
+            try:
+                message: AbandonedRequests = pickle.loads(self._cancels.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            named += len(message.uids)
+            dropped += self._received.cancel(message.api_server, message.uids)
+        if dropped:
+            metrics().requests_abandoned.labels(where="worker").inc(dropped)
+        return named
+
+    def abandoned(self, queued: QueuedRequest) -> bool:
+        """Whether ``queued``'s client left (as of the last ``read_cancels``): drop it, unanswered."""
+        return self._received.abandoned(queued)
+
+    def drop_abandoned(self, batch: list[QueuedRequest]) -> list[QueuedRequest]:
+        """``batch`` without the requests whose client left, by the cancels read now."""
+        self.read_cancels()
+        kept = [queued for queued in batch if not self._received.abandoned(queued)]
+        if len(kept) < len(batch):
+            metrics().requests_abandoned.labels(where="worker").inc(len(batch) - len(kept))
+        self._received.forget_matched()
+        return kept
 
     def answer(self, request: QueuedRequest, answer: Answer) -> None:
         self.answer_many([(request, answer)])
@@ -149,6 +199,7 @@ class WorkerSockets:
     def __init__(self, config: ChannelConfig) -> None:
         self._config = config
         self._sockets: dict[int, zmq.Socket] = {}
+        self._cancel_sockets: dict[int, zmq.Socket] = {}
 
     def __getitem__(self, worker_id: int) -> zmq.Socket:
         socket = self._sockets.get(worker_id)
@@ -157,6 +208,16 @@ class WorkerSockets:
             socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
             socket.setsockopt(zmq.LINGER, 0)
             socket.connect(self._config.request_address(worker_id))
+        return socket
+
+    def cancels(self, worker_id: int) -> zmq.Socket:
+        """The socket to ``worker_id``'s cancel channel, in the context of its request socket."""
+        socket = self._cancel_sockets.get(worker_id)
+        if socket is None:
+            socket = self._cancel_sockets[worker_id] = self[worker_id].context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(self._config.cancel_address(worker_id))
         return socket
 
     def close(self, worker_id: int) -> None:
@@ -169,6 +230,7 @@ class WorkerSockets:
         queue are gone. A restarted worker binds only once it is ready, after this process has seen
         it not ready and purged here (service/http/base/worker_watch.py).
         """
+        self._cancel_sockets.pop(worker_id, None)  # in the same context
         socket = self._sockets.pop(worker_id, None)
         if socket is not None:
             socket.context.destroy(linger=0)
@@ -176,6 +238,40 @@ class WorkerSockets:
     def close_all(self) -> None:
         for worker_id in list(self._sockets):
             self.close(worker_id)
+
+
+def unsend(outbox: RequestBatch | None, uid: int) -> bool:
+    """Take request ``uid`` out of a message not sent yet; False if it is not there."""
+    if outbox is None or uid not in outbox.uids:
+        return False
+    at = outbox.uids.index(uid)
+    del outbox.uids[at], outbox.requests[at]
+    return True
+
+
+class CancelOutbox:
+    """The abandoned requests an HTTP process names to their workers at its next flush: one message
+    per worker, on the worker's cancel channel."""
+
+    def __init__(self, api_server: int, sockets: WorkerSockets) -> None:
+        self.api_server = api_server
+        self._sockets = sockets
+        self._uids: dict[int, list[int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._uids)
+
+    def add(self, worker_id: int, uid: int) -> None:
+        self._uids.setdefault(worker_id, []).append(uid)
+
+    def send(self) -> None:
+        queued, self._uids = self._uids, {}
+        for worker_id, uids in queued.items():
+            message = pickle.dumps(AbandonedRequests(self.api_server, uids), PICKLE_PROTOCOL)
+            try:
+                self._sockets.cancels(worker_id).send(message, zmq.NOBLOCK)
+            except zmq.Again:  # the worker does not read: it will find these past their deadline
+                logger.debug("Could not tell worker %d of %d abandoned request(s).", worker_id, len(uids))
 
 
 class ApiChannel:
@@ -190,6 +286,7 @@ class ApiChannel:
         self._pending: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
         self._unanswered: defaultdict[int, int] = defaultdict(int)
         self._outbox: dict[int, RequestBatch] = {}
+        self._cancels = CancelOutbox(api_server, self._requests)
         self._retired: set[int] = set()
         self._flush_scheduled = False
 
@@ -219,8 +316,12 @@ class ApiChannel:
     def flush(self) -> None:
         """Send what was submitted since the last flush: one message per worker."""
         self._flush_scheduled = False
+        if self._cancels:
+            self._cancels.send()
         outboxes, self._outbox = self._outbox, {}
         for worker_id, outbox in outboxes.items():
+            if not outbox.uids:  # every request in it was abandoned
+                continue
             try:
                 self._requests[worker_id].send(pickle.dumps(outbox, PICKLE_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
@@ -231,6 +332,26 @@ class ApiChannel:
                 )
                 for uid in outbox.uids:
                     self._settle(uid, overloaded)
+
+    def abandon(self, uids: Collection[int]) -> None:
+        """These requests' client left: stop waiting for them, and drop the ones not answered yet
+        (from this turn's message if not sent, else through their worker's cancel channel)."""
+        dropped_here = 0
+        for uid in uids:
+            entry = self._pending.pop(uid, None)
+            if entry is None:
+                continue  # answered already
+            worker_id = entry[0]
+            self._unanswered[worker_id] -= 1
+            if unsend(self._outbox.get(worker_id), uid):
+                dropped_here += 1
+            else:
+                self._cancels.add(worker_id, uid)
+        if dropped_here:
+            metrics().requests_abandoned.labels(where="http").inc(dropped_here)
+        if self._cancels and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def retire(self, worker_id: int) -> None:
         """Send ``worker_id`` what is queued for it, then the final message: it gets nothing more
@@ -282,8 +403,12 @@ class ApiChannel:
 
     def _settle(self, uid: int, answer: Answer) -> None:
         future = self._take(uid)
-        # None: its client already had an answer (504, or 503 for a dead worker).
-        if future is not None and not future.done():
+        if future is None:
+            # Its client already had an answer (504, 503 for a dead worker) or left: if the image
+            # ran, it was decoded and run for nobody.
+            if answer.batch_size:
+                metrics().images_unclaimed.inc()
+        elif not future.done():
             future.set_result(answer)
 
     def _take(self, uid: int) -> asyncio.Future[Answer] | None:

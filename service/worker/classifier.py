@@ -24,6 +24,7 @@ from preprocessing.device_health import unusable_device
 from service.heap import HeapTrimmer
 from service.metrics import metrics, record_gpu_memory
 from service.settings import ServeSettings
+from service.tracing import ENGINE, PIPELINE_WAIT, PREPROCESS, BatchTrace, record_batch, trace_batch
 from service.wire import Answer, ImageRequest
 from service.worker.engine import (
     ENGINE_EAGER,
@@ -49,6 +50,7 @@ class ClassifyBatch:
     queue_ms: list[float | None]  # per request: from queueing in the HTTP process to this batch's start
     request_ids: list[str | None] = field(default_factory=list)
     prepared_at: float = 0.0  # time.perf_counter() when preparing ended
+    trace: BatchTrace | None = None  # its traced requests (service/tracing/); None: none, or tracing off
 
 
 @dataclass
@@ -90,6 +92,22 @@ def load_served_model(settings: ServeSettings, device: torch.device) -> ServedMo
     if settings.artifact:
         return load_artifact(settings.artifact, device, settings.served_name)
     return load_eager(ModelRequest.from_settings(settings), settings.weights, device)
+
+
+def record_batch_trace(
+    batch: ClassifyBatch, results: list[ItemResult], served: ServedModel, run: tuple[float, float], pipelined: bool
+) -> None:
+    """The traced requests' worker spans (service/tracing/): preprocess, pipeline_wait when pipelined,
+    engine (``run``: its perf_counter start and end); an image that did not decode ends at preprocess."""
+    prepare_started = batch.prepared_at - batch.preprocess_ms / 1e3
+    stages = [(PREPROCESS, prepare_started, batch.prepared_at)]
+    if pipelined:
+        stages.append((PIPELINE_WAIT, batch.prepared_at, run[0]))
+    if batch.prepared.ok_indices:  # else the engine did not run
+        stages.append((ENGINE, *run))
+    attributes = {"batch.size": len(results), "model": served.entry.name, "engine": served.engine_name}
+    failed = {i: result.error.detail for i, result in enumerate(results) if result.error is not None}
+    record_batch(batch.trace, stages, attributes, failed)
 
 
 class Classifier:
@@ -162,13 +180,18 @@ class Classifier:
         prepared_at = time.perf_counter()
         request_ids = [item.request_id for item in requests]
         top_k = [item.top_k for item in requests]
-        return ClassifyBatch(prepared, top_k, (prepared_at - started) * 1e3, queue_ms, request_ids, prepared_at)
+        preprocess_ms = (prepared_at - started) * 1e3
+        trace = trace_batch(requests, now)
+        return ClassifyBatch(prepared, top_k, preprocess_ms, queue_ms, request_ids, prepared_at, trace)
 
     def run(self, batch: ClassifyBatch) -> list[Answer]:
         # A pipelined worker's prepared batch waits while the engine runs the one before it: its
         # own stage, or the breakdown would not add up to the time the request spent.
-        pipeline_wait_ms = (time.perf_counter() - batch.prepared_at) * 1e3 if self.pipelined else None
+        run_started = time.perf_counter()
+        pipeline_wait_ms = (run_started - batch.prepared_at) * 1e3 if self.pipelined else None
         results = self._classify(batch, pipeline_wait_ms)
+        if batch.trace is not None:
+            record_batch_trace(batch, results, self.served, (run_started, time.perf_counter()), self.pipelined)
         # Counted here, not in _classify, which warm-up also runs.
         classified = sum(r.predictions is not None for r in results)
         if classified:

@@ -9,7 +9,14 @@ batch window (``--batch-timeout-ms``) if the batch is not full. With the default
 greedy batching: an idle server runs a lone request at once, and under load batches fill from the
 requests that queued while the model was busy.
 
-Requests whose deadline passed while queued are answered 504 here and left out of the batch;
+Requests whose client left (service/transport/channels.py: the cancel channel) are left out of the
+batch unanswered, before it is prepared, and the batch fills with others in their place. Clients that
+leave also say the queue has grown older than they wait: first come, first served would then answer
+the oldest, who give up as their answer is computed, while the newest give up waiting behind them.
+So while clients keep leaving (for ``LEAVING_FOR_S``, then until ``NEWEST_FIRST_HOLD_S`` after the
+last one left), batches take the newest requests first (Facebook's
+"adaptive LIFO"); the oldest are dropped when their clients leave, or answered 504 at their deadline. Requests
+whose deadline passed while queued are answered 504 here and left out of the batch;
 ``ExpiredRequestLog`` counts them in ``vision_serve_requests_expired_total`` and logs them as one
 summary line at most every few seconds.
 """
@@ -31,6 +38,10 @@ logger = logging.getLogger(__name__)
 # wakes at once when a request arrives, so this only bounds idle wake-ups.
 IDLE_WAIT_S = 1.0
 EXPIRED_LOG_INTERVAL_S = 10.0
+# Clients that keep leaving for LEAVING_FOR_S make the collector take the newest requests first, until
+# NEWEST_FIRST_HOLD_S after the last one left.
+LEAVING_FOR_S = 1.0
+NEWEST_FIRST_HOLD_S = 5.0
 
 
 class BatchCollector:
@@ -40,24 +51,30 @@ class BatchCollector:
         self.channel = channel
         self.policy = policy
         self.expired = ExpiredRequestLog(policy.request_timeout_s)
+        # time.monotonic(): until when to take the newest first; since when, and when last, clients left.
+        self.newest_first_until = self.leaving_since = self.last_left = 0.0
 
     def get_batch(self) -> list[QueuedRequest]:
         """Up to ``max_batch_size`` requests; ``[]`` after ``IDLE_WAIT_S`` with none.
 
-        Expired requests are answered 504 here and left out.
+        Expired requests are answered 504 here and left out; abandoned ones are left out unanswered.
         """
         channel, policy = self.channel, self.policy
+        newest = time.monotonic() < self.newest_first_until
+        if newest:  # the oldest wait at the far end: answer them when their deadline passes
+            channel.read_pending()
+            self._answer_expired(channel.take_expired(policy.request_timeout_s))
         batch: list[QueuedRequest] = []
-        expired = 0
+        abandoned = 0
         first_taken = window_ends = None
         while len(batch) < policy.max_batch_size:
             if first_taken is None:
-                queued = channel.receive(IDLE_WAIT_S)
+                queued = channel.receive(IDLE_WAIT_S, newest)
             elif window_ends is None:
-                queued = channel.receive(0)
+                queued = channel.receive(0, newest)
             else:
                 remaining = window_ends - time.monotonic()
-                queued = channel.receive(remaining) if remaining > 0 else None
+                queued = channel.receive(remaining, newest) if remaining > 0 else None
                 if queued is None:
                     break
             if queued is None:
@@ -67,17 +84,41 @@ class BatchCollector:
                     window_ends = first_taken + policy.batch_timeout_s  # queue drained: now wait out the window
                     continue
                 break
-            first_taken = first_taken or time.monotonic()
+            if first_taken is None:
+                first_taken = time.monotonic()
+                if channel.read_cancels():  # once per batch: each read is a system call
+                    self.clients_leaving()
             queued_at = queued.request.queued_at
             if queued_at is not None and time.monotonic() - queued_at > policy.request_timeout_s:
                 # Its client already got a 504 from the HTTP process: do not run it.
-                channel.answer(queued, answer_for(DeadlineExceeded("Request timed out")))
-                expired += 1
+                self._answer_expired([queued])
+            elif channel.abandoned(queued):
+                abandoned += 1  # its client left: nobody waits for an answer, and its place goes to another
             else:
                 batch.append(queued)
+        if abandoned:
+            metrics().requests_abandoned.labels(where="worker").inc(abandoned)
+            self.clients_leaving()
+        # Again at the end, for cancels sent while this batch was collected (its window, if any).
+        return channel.drop_abandoned(batch) if batch else batch
+
+    def clients_leaving(self) -> None:
+        """Clients gave up on queued requests. If they have kept doing so for ``LEAVING_FOR_S``, the queue
+        is older than they wait: take the newest first for a while, who can still be answered in time,
+        while the oldest would be answered to nobody. (One burst of departures, such as a load
+        generator stopping, says nothing of the queue's age.)"""
+        now = time.monotonic()
+        if now - self.last_left > NEWEST_FIRST_HOLD_S:
+            self.leaving_since = now  # the first departure in a while
+        self.last_left = now
+        if now - self.leaving_since >= LEAVING_FOR_S:
+            self.newest_first_until = now + NEWEST_FIRST_HOLD_S
+
+    def _answer_expired(self, expired: list[QueuedRequest]) -> None:
         if expired:
-            self.expired.add(expired)
-        return batch
+            timed_out = answer_for(DeadlineExceeded("Request timed out"))
+            self.channel.answer_many([(queued, timed_out) for queued in expired])
+            self.expired.add(len(expired))
 
 
 class ExpiredRequestLog:

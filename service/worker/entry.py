@@ -21,6 +21,7 @@ from service.heap import freeze_startup_objects
 from service.logs import adopt_torch_logger, configure_logging
 from service.metrics import metrics
 from service.settings import ServeSettings
+from service.tracing import configure_tracing, flush_on_terminate
 
 CLASSIFIER = "service.worker.classifier:Classifier"
 SETUP_ERROR_FILE = "setup-error-{worker_id}"
@@ -60,6 +61,7 @@ class WorkerEntry(ls.LitAPI):
         metrics()  # its series exist at 0 from the start, not from the first batch
         module, _, name = self.model_path.partition(":")
         try:
+            self._configure_tracing()
             model_class = getattr(importlib.import_module(module), name)
             adopt_torch_logger()  # the model's module imported torch, whose logger has a format of its own
             self.model = model_class.load(self.settings, device)
@@ -69,6 +71,19 @@ class WorkerEntry(ls.LitAPI):
             record_setup_error(self.loop, exc)
             raise
         freeze_startup_objects()
+
+    def _configure_tracing(self) -> None:
+        """Spans of the traced requests' stages here (service/tracing/), exported also when the
+        main process stops this worker with SIGTERM."""
+        worker_id = os.environ.get("LITSERVE_WORKER_ID")  # LitServe sets it before setup
+        role = "worker" if worker_id is None else f"worker-{worker_id}"
+        configure_tracing(
+            self.settings.trace_sample_rate,
+            self.settings.otlp_endpoint,
+            role,
+            worker_id=None if worker_id is None else int(worker_id),
+        )
+        flush_on_terminate()
 
     def predict(self, x: object) -> object:
         raise NotImplementedError("vision-serve's loop calls the model's prepare and run (service/worker/loop.py)")

@@ -54,7 +54,7 @@ class Wire:
         """Until the worker's channel holds every request sent, as requests that queued while its
         model was busy would be: taken off the socket as they arrive and put back in order, so a
         batch then finds them without waiting (a fixed sleep would be a guess at delivery time)."""
-        received = self.worker._received
+        received = self.worker._received._queued  # the WorkerQueue's deque (service/transport/worker_queue.py)
         held = list(received)
         received.clear()
         for _ in range(self.in_transit):

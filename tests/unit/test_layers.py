@@ -30,9 +30,11 @@ LAYERS: list[tuple[str, ...]] = [
         "service.settings",
         "service.litserve_bridge",
         "service.uvicorn_bridge",
+        "service.http.base.departure",  # set by the connection (uvicorn_bridge), read by the dispatcher
+        "service.tracing",
     ),
     ("service.transport", "service.repository"),
-    ("service.worker", "service.http.base"),
+    ("service.worker", "service.http.base", "service.http.cache"),
     ("service.http.predict", "service.http.oip"),
     ("service.http.grpc",),
     ("service.http.process", "service.http.routes", "service.supervisor.planning"),

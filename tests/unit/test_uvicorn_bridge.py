@@ -7,6 +7,7 @@ callback or an attribute fails here by name instead of leaving connections ungua
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import socket
 import threading
@@ -18,6 +19,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.client.launcher import free_port
+from service.http.base.departure import departure_of
 from service.uvicorn_bridge import (
     BODY_TIMED_OUT,
     SUPPORTED_UVICORN,
@@ -38,6 +40,7 @@ def test_the_callbacks_the_guard_overrides_exist_with_their_signatures() -> None
         "on_message_begin": [],
         "on_headers_complete": [],
         "on_message_complete": [],
+        "connection_lost": ["exc"],
     }
     for name, parameters in expected.items():
         method = getattr(HttpToolsProtocol, name)
@@ -158,3 +161,49 @@ def test_a_kept_alive_connection_gets_a_header_deadline_per_request(guarded_serv
     first = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
     reply = exchange(port, (first, 0), (b"GET / HTTP/1.1\r\nhost:", 0.1))  # the second never finishes
     assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1 408") == 1
+
+
+class Waiter:
+    """Reads the body, then waits (as a request waits for its workers) until its client leaves."""
+
+    def __init__(self) -> None:
+        self.left_after_s: list[float] = []
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        departure, started = departure_of(scope), time.monotonic()
+        while not departure.gone and time.monotonic() - started < LATE_S:
+            await asyncio.sleep(0.01)
+        self.left_after_s.append(time.monotonic() - started if departure.gone else float("inf"))
+
+
+@pytest.mark.parametrize("body_bytes", [1000, 300_000], ids=["small-body", "body-over-64KiB"])
+def test_a_client_that_closes_while_its_answer_is_awaited_is_seen_leaving(body_bytes: int) -> None:
+    """Also after a body over 64 KiB, which uvicorn reads with the socket paused: a paused socket
+    would not report the close until the answer was written."""
+    app, port = Waiter(), free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=guarded_http_protocol(ConnectionLimits()), lifespan="off",
+        log_level="warning",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        head = f"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {body_bytes}\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=LATE_S) as connection:
+            connection.sendall(head + b"x" * body_bytes)
+            time.sleep(0.3)  # the app has the body and waits
+        deadline = time.monotonic() + LATE_S + 1
+        while not app.left_after_s and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert app.left_after_s and app.left_after_s[0] < 1.0, app.left_after_s
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -1,13 +1,16 @@
 """From checked images to their answers, in an HTTP process: admit, send to workers, wait by one deadline.
 
 Every front end (``POST /predict`` with one image or several, the Open Inference Protocol over HTTP
-and gRPC) hands its images here. Each image is its own batch item: the workers batch images, not
-requests, so a request of 64 images fills two batches of 32 and shares them with other requests.
+and gRPC) hands its images here. A client that leaves while they wait (its connection closes, its
+gRPC call is cancelled) has them dropped wherever they are, unrun (service/http/base/departure.py).
+Each image is its own batch item: the workers batch images, not requests, so a request of 64 images
+fills two batches of 32 and shares them with other requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import Sequence
@@ -15,12 +18,24 @@ from collections.abc import Sequence
 from preprocessing.errors import ImageDecodeError
 from preprocessing.probe import check_image_header
 from service._defaults import RETRY_AFTER_S
-from service.errors import DeadlineExceeded, Overloaded, PayloadTooLarge, ServiceError, Unavailable, error_of_status
+from service.errors import (
+    ClientClosed,
+    DeadlineExceeded,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    Unavailable,
+    error_of_status,
+)
 from service.http.base.admission import AdmissionGate
+from service.http.base.departure import Departure
 from service.http.base.worker_watch import WorkerWatch
+from service.http.cache.front import classify_through
+from service.http.cache.response_cache import ResponseCache
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.repository.table import VersionRoute
+from service.tracing import current_traceparent, stage_span, wait_span
 from service.transport.channels import ApiChannel
 from service.wire import Answer, ImageRequest, answer_for
 
@@ -45,6 +60,11 @@ def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
     return None
 
 
+# The answer of an image whose client left before it was ready: nobody reads it, but the access log
+# and vision_serve_requests_total count the request as 499.
+CLIENT_LEFT = answer_for(ClientClosed("The client left before its answer was ready."))
+
+
 class ImageDispatcher:
     """Admits images under the server-wide ``gate``, sends each to a ready worker, and waits for the
     answers until ``timeout_s``. Made before the HTTP processes fork; each one then ``attach``es
@@ -55,13 +75,14 @@ class ImageDispatcher:
         self.timeout_s = timeout_s
         self.channel: ApiChannel | None = None
         self.watch: WorkerWatch | None = None
+        self.cache: ResponseCache | None = None  # this HTTP process's (--response-cache-mb), while attached
         self._uids = itertools.count()
 
-    def attach(self, channel: ApiChannel, watch: WorkerWatch) -> None:
-        self.channel, self.watch = channel, watch
+    def attach(self, channel: ApiChannel, watch: WorkerWatch, cache: ResponseCache | None = None) -> None:
+        self.channel, self.watch, self.cache = channel, watch, cache
 
     def detach(self) -> None:
-        self.channel = self.watch = None
+        self.channel = self.watch = self.cache = None
 
     def route(self, model: str | None, version: str | None = None) -> VersionRoute:
         """The served version a request names (``None``: the default model, its latest version);
@@ -72,20 +93,35 @@ class ImageDispatcher:
         return watch.table.resolve(model, version)
 
     async def classify(
-        self, images: Sequence[bytes], top_k: int, route: VersionRoute | None = None
+        self,
+        images: Sequence[bytes],
+        top_k: int,
+        route: VersionRoute | None = None,
+        departure: Departure | None = None,
+        *,
+        use_cache: bool = True,
     ) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order, and the milliseconds from admission to the last one.
 
+        With a response cache, the images it has answers for are answered from it, before any
+        admission or decode (service/http/cache/front.py), and the others' answers are kept.
         ``route``: the model version to run (``None``: any ready worker, for a one-model server).
+        ``departure``: told when the client leaves; its images not answered yet then get
+        ``CLIENT_LEFT`` at once and their workers drop them. Cancelling the call does the same.
         Raises ``ServiceError`` 503 (retry later) when no worker is ready or the images do not fit
         under ``--max-queue`` now, 413 if they never could; an image without an answer by the deadline
         gets a 504 ``Answer``.
         """
+        cache = self.cache
+        if use_cache and cache is not None and route is not None:
+            return await classify_through(cache, self._classify_uncached, images, top_k, route, departure)
         channel, watch = self.channel, self.watch
         if watch is None or channel is None:
             ready = ()
         else:
             ready = watch.ready_workers if route is None else watch.ready_in(route)
+        if departure is not None and departure.gone:
+            raise ClientClosed(CLIENT_LEFT.detail)
         if not ready:
             raise Unavailable(
                 "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
@@ -95,46 +131,75 @@ class ImageDispatcher:
                 f"The request has {len(images)} images; the server admits at most {self.gate.limit} at once "
                 "(--max-queue). Send fewer images per request.",
             )
-        if not self.gate.try_admit(len(images)):
-            raise Overloaded(
-                f"The server is at its limit of {self.gate.limit} queued images (--max-queue); retry after "
-                f"{RETRY_AFTER_S} s."
-            )
+        with stage_span("admission"):
+            if not self.gate.try_admit(len(images)):
+                raise Overloaded(
+                    f"The server is at its limit of {self.gate.limit} queued images (--max-queue); retry after "
+                    f"{RETRY_AFTER_S} s."
+                )
         try:
-            answers, total_ms = await self._send_and_wait(channel, ready, images, top_k)
+            with wait_span():  # traced requests (service/tracing/): the workers' spans are its children
+                answers, total_ms = await self._send_and_wait(channel, ready, images, top_k, departure)
         finally:
             self.gate.release(len(images))
         if route is not None:
             metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))
         return answers, total_ms
 
+    async def _classify_uncached(
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute, departure: Departure | None
+    ) -> tuple[list[Answer], float]:
+        return await self.classify(images, top_k, route, departure, use_cache=False)
+
     async def _send_and_wait(
-        self, channel: ApiChannel, ready: Sequence[int], images: Sequence[bytes], top_k: int
+        self,
+        channel: ApiChannel,
+        ready: Sequence[int],
+        images: Sequence[bytes],
+        top_k: int,
+        departure: Departure | None,
     ) -> tuple[list[Answer], float]:
         # The worker drops images older than the deadline instead of running them, so timed-out work
         # does not pile up; answers come back to this process only: a uid unique here is enough.
         queued_at = time.monotonic()
         request_id = REQUEST_ID.get()
+        trace_parent = current_traceparent()  # None unless the request is traced
         uids = [next(self._uids) for _ in images]
+        left = True  # until every answer is in: an exception or a cancellation on the way means nobody waits
         try:
             futures = []
             for uid, image in zip(uids, images, strict=True):
                 # Picked per image: each pick counts the images before it, so several workers share a request.
                 worker_id = channel.pick_worker(ready)
-                futures.append(channel.submit(worker_id, uid, ImageRequest(image, top_k, queued_at, request_id)))
+                request = ImageRequest(image, top_k, queued_at, request_id, trace_parent)
+                futures.append(channel.submit(worker_id, uid, request))
             # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
             expiry = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, futures)
+            if departure is not None:
+                departure.listener = functools.partial(self._client_left, futures)
             try:
                 answers = [await future for future in futures]
+                left = departure is not None and departure.gone
             finally:
                 expiry.cancel()
+                if departure is not None:
+                    departure.listener = None
         finally:
-            for uid in uids:
-                channel.forget(uid)  # a late answer then finds no one waiting and is dropped
+            if left:
+                channel.abandon(uids)  # what is still queued for them is dropped unrun
+            else:
+                for uid in uids:
+                    channel.forget(uid)  # a late answer then finds no one waiting and is dropped
             # Every admitted request, answered or not: the stage a dashboard's p99 is read from.
             total_ms = (time.monotonic() - queued_at) * 1e3
             metrics().observe_stages({"total": total_ms})
         return answers, total_ms
+
+    @staticmethod
+    def _client_left(futures: Sequence[asyncio.Future[Answer]]) -> None:
+        for future in futures:
+            if not future.done():
+                future.set_result(CLIENT_LEFT)
 
     def _expire(self, futures: Sequence[asyncio.Future[Answer]]) -> None:
         timed_out = answer_for(

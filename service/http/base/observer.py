@@ -8,6 +8,8 @@
 - ``vision_serve_requests_total{code}`` for the inference routes (``/predict``, OIP infer), counted
   as the response starts, so every answer is counted whichever layer produced it (auth, limits, shedding, the worker).
 - An unhandled error becomes a 500 JSON answer sent from here, so that it too carries the id.
+- Tracing (service/tracing/), when on: the inference routes' SERVER span, a child of the client's
+  W3C ``traceparent`` if it sent one, current for the request's stages and ended with its answer.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: that one adds a task and a stream per request.
 """
@@ -25,9 +27,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from service.errors import CLIENT_CLOSED_REQUEST
-from service.http.base.infer_paths import is_infer_path
+from service.http.base.infer_paths import is_infer_path, model_in_path
 from service.logs import REQUEST_ID
 from service.metrics import metrics
+from service.tracing import TRACING, ServerSpan, http_headers, start_server_span
 
 access_logger = logging.getLogger("service.access")
 
@@ -44,6 +47,10 @@ QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # without an answer (it was cancelled). A client that disconnects while its answer is sent is counted
 # with that answer's code: the server cannot tell.
 NO_ANSWER = str(CLIENT_CLOSED_REQUEST)
+# The Open Inference Protocol's infer routes, as a traced request's span names them (not the path:
+# one name per route, whatever the model).
+OIP_ROUTE = "/v2/models/{name}/infer"
+OIP_VERSION_ROUTE = "/v2/models/{name}/versions/{version}/infer"
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
@@ -76,6 +83,7 @@ class HttpObserver:
         started = time.perf_counter()
         path = scope.get("path", "")
         code: str | None = None
+        trace = self._start_trace(scope, path, request_id) if TRACING.on else None
 
         async def send_with_id(message: Message) -> None:
             nonlocal code
@@ -106,7 +114,26 @@ class HttpObserver:
             if code is None:  # cancelled (the client left, or a shutdown's grace ran out): no answer
                 code = NO_ANSWER
                 self._count(path, code)
+            if trace is not None:
+                status = int(code)
+                trace.end({"http.response.status_code": status}, failed=status >= 500)
             self._log(scope, path, code, started)
+
+    def _start_trace(self, scope: Scope, path: str, request_id: str) -> ServerSpan | None:
+        """The inference routes' SERVER span (None for other paths, or when the sampler drops it)."""
+        if path in self.counted_paths:
+            route, attributes = path, {}
+        elif is_infer_path(path):
+            model, version = model_in_path(path)
+            route = OIP_VERSION_ROUTE if version is not None else OIP_ROUTE
+            attributes = {"model": model}
+        else:
+            return None
+        method = scope.get("method", "")
+        attributes.update(
+            {"http.request.method": method, "http.route": route, "url.path": path, "request.id": request_id}
+        )
+        return start_server_span(f"{method} {route}", http_headers(scope.get("headers", [])), attributes)
 
     def _count(self, path: str, code: str) -> None:
         if path in self.counted_paths or is_infer_path(path):

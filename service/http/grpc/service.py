@@ -9,7 +9,9 @@ error. The protocol modules are the ones ``tritonclient`` ships, generated from 
 
 Runs in every HTTP process, on its event loop, on ``--grpc-port`` (each process binds the port with
 SO_REUSEPORT, gRPC's default on Linux, and the kernel spreads connections over them). Limits,
-shedding, deadline and API key (metadata ``x-api-key`` or ``authorization: Bearer``) are /predict's.
+shedding, deadline and API key (metadata ``x-api-key`` or ``authorization: Bearer``) are /predict's,
+and so is tracing (service/tracing/): a ModelInfer whose metadata has a W3C ``traceparent`` joins its
+caller's trace.
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.repository.http_calls import REPOSITORY_OFF, RepositoryCalls
 from service.repository.table import VersionRoute
+from service.tracing import TRACING, ServerSpan, stage_span, start_server_span
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER_PATH = f"/{SERVICE}/ModelInfer"  # the access log's path for ModelInfer
+MODEL_INFER_SPAN = f"{SERVICE}/ModelInfer"  # a traced call's span name, as OpenTelemetry names RPCs
 IMPLEMENTED = (
     "ServerLive",
     "ServerReady",
@@ -143,6 +147,20 @@ def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) 
     )
 
 
+def start_model_infer_span(
+    request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext, request_id: str
+) -> ServerSpan | None:
+    """ModelInfer's SERVER span (tracing on), a child of the caller's ``traceparent`` metadata if it sent one."""
+    attributes = {
+        "rpc.system": "grpc",
+        "rpc.service": SERVICE,
+        "rpc.method": "ModelInfer",
+        "model": request.model_name,
+        "request.id": request_id,
+    }
+    return start_server_span(MODEL_INFER_SPAN, context.invocation_metadata() or (), attributes)
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
@@ -202,28 +220,35 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelInfer(self, request, context) -> service_pb2.ModelInferResponse:
-        REQUEST_ID.set(client_request_id(request.id))  # the HTTP rules: a sane token, else a new id
+        request_id = client_request_id(request.id)  # the HTTP rules: a sane token, else a new id
+        REQUEST_ID.set(request_id)
         started = time.perf_counter()
-        status = 200
+        status, code = 200, grpc.StatusCode.OK
+        trace = start_model_infer_span(request, context, request_id) if TRACING.on else None
         try:
             self._check_key(context)
             route = self.dispatcher.route(request.model_name, request.model_version)
-            call = parse_grpc_request(request, self.limits.max_images_per_request)
+            with stage_span("parse"):
+                call = parse_grpc_request(request, self.limits.max_images_per_request)
             answers, _ = await run_infer(self.dispatcher, call, self.limits.max_image_pixels, route)
-            tensors = build_outputs(call, answers)
+            with stage_span("answer"):
+                tensors = build_outputs(call, answers)
         except ServiceError as exc:
-            status = exc.status
-            await context.abort(grpc_status(exc), exc.message)
+            status, code = exc.status, grpc_status(exc)
+            await context.abort(code, exc.message)
         except asyncio.CancelledError:
-            status = int(NO_ANSWER)  # the client cancelled or left, as HTTP counts it
+            # The client cancelled or left, as HTTP counts it.
+            status, code = int(NO_ANSWER), grpc.StatusCode.CANCELLED
             raise
         except Exception:
-            status = 500  # gRPC answers UNKNOWN; the traceback is logged by grpc
+            status, code = 500, grpc.StatusCode.UNKNOWN  # the traceback is logged by grpc
             raise
         finally:
             # Counted with /predict's answers, by the HTTP status the same outcome would have had.
             metrics().requests.labels(code=str(status)).inc()
             log_access("GRPC", MODEL_INFER_PATH, str(status), started)
+            if trace is not None:
+                trace.end({"rpc.grpc.status_code": code.value[0]}, failed=status >= 500)
         return service_pb2.ModelInferResponse(
             model_name=route.name,
             model_version=str(route.version),

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, http_headers
+from service.http.base.departure import departure_of
 from service.http.base.dispatch import ImageDispatcher
 from service.http.base.infer_paths import model_in_path
 from service.http.base.limits import RequestLimits, read_body
@@ -41,6 +42,7 @@ from service.http.oip.tensors import (
     server_extensions,
 )
 from service.repository.table import RoutingTable, VersionRoute
+from service.tracing import stage_span
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -200,16 +202,22 @@ class OipInferEndpoint:
 
     async def handle(self, request: Request, name: str, version: str | None) -> Response:
         self.dispatcher.route(name, version)  # a model not served is a 404 before the upload
-        body = decompress(
-            await read_body(request, self.limits.max_body_bytes),
-            request.headers.get("content-encoding", ""),
-            self.limits.max_body_bytes,
-        )
-        call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
+        with stage_span("parse"):  # traced requests (service/tracing/)
+            body = decompress(
+                await read_body(request, self.limits.max_body_bytes),
+                request.headers.get("content-encoding", ""),
+                self.limits.max_body_bytes,
+            )
+            call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
         # Again once the body is in (a swap may have come meanwhile); no await until the submit.
         route = self.dispatcher.route(name, version)
-        answers, total_ms = await run_infer(self.dispatcher, call, self.limits.max_image_pixels, route)
-        content, header_length = encode_infer_response(route.name, route.version, call, build_outputs(call, answers))
+        answers, total_ms = await run_infer(
+            self.dispatcher, call, self.limits.max_image_pixels, route, departure_of(request.scope)
+        )
+        with stage_span("answer"):
+            content, header_length = encode_infer_response(
+                route.name, route.version, call, build_outputs(call, answers)
+            )
         headers = {"Server-Timing": server_timing({"total": total_ms})}
         if header_length is None:
             return Response(content, media_type="application/json", headers=headers)

@@ -13,14 +13,19 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import InvalidInput, ServiceError
-from service.http.base.dispatch import ImageDispatcher, check_header, header_error
+from service.errors import ClientClosed, InvalidInput, ServiceError
+from service.http.base.departure import departure_of
+from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher, check_header, header_error
 from service.http.base.limits import RequestLimits
+from service.http.cache.front import from_cache
 from service.http.predict.parsing import read_predict_request
 from service.http.predict.render import error_response, render, render_many
 from service.metrics import metrics
+from service.tracing import stage_span
 from service.wire import Answer
 
+# X-Cache (with --response-cache-mb): whether the cache answered, by from_cache().
+X_CACHE = {True: (b"x-cache", b"hit"), False: (b"x-cache", b"miss")}
 MAX_NAME_CHARS = 128  # model names are at most 128 characters (service/repository/layout.py)
 
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
@@ -106,15 +111,22 @@ class PredictEndpoint:
     async def handle(self, request: Request) -> Response:
         model, version = model_in_query(request)
         self.dispatcher.route(model, version)  # a model not served is a 404 before the upload
-        parsed = await read_predict_request(request, self.limits)
+        with stage_span("parse"):
+            parsed = await read_predict_request(request, self.limits)
         # Again once the body is in: a swap during a slow upload may have retired the version's
         # workers. From here to the submit there is no await, so no table change comes between.
         route = self.dispatcher.route(model, version)
+        departure = departure_of(request.scope)
         if not parsed.many:
             image = parsed.images[0]
             check_header(image, self.limits.max_image_pixels)
-            (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k, route)
-            response = render(answer, total_ms, route.version)
+            (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k, route, departure)
+            if answer is CLIENT_LEFT:
+                raise ClientClosed(CLIENT_LEFT.detail)
+            with stage_span("answer"):
+                response = render(answer, total_ms, route.version)
+            if self.dispatcher.cache is not None:
+                response.raw_headers.append(X_CACHE[from_cache(answer)])
             # The worker's stages and the rendering, recorded here to keep that work off its loop.
             metrics().observe_stages(answer.timings_ms)
             return response
@@ -122,11 +134,17 @@ class PredictEndpoint:
         to_run = [i for i, item in enumerate(answers) if isinstance(item, bytes)]
         total_ms = 0.0
         if to_run:
-            ran, total_ms = await self.dispatcher.classify([answers[i] for i in to_run], parsed.top_k, route)
+            ran, total_ms = await self.dispatcher.classify([answers[i] for i in to_run], parsed.top_k, route, departure)
+            if departure is not None and departure.gone:
+                raise ClientClosed(CLIENT_LEFT.detail)
             for i, answer in zip(to_run, ran, strict=True):
                 answers[i] = answer
                 metrics().observe_stages(answer.timings_ms)
-        return render_many(answers, total_ms, route.version)
+        with stage_span("answer"):
+            response = render_many(answers, total_ms, route.version)
+        if self.dispatcher.cache is not None:  # a hit only if every image that ran was one
+            response.raw_headers.append(X_CACHE[bool(to_run) and all(from_cache(answers[i]) for i in to_run)])
+        return response
 
     def _checked(self, item: bytes | Answer) -> bytes | Answer:
         """The image, or its own error if its header is bad: one bad image never spoils the others."""
