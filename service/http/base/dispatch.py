@@ -98,23 +98,27 @@ class ImageDispatcher:
         top_k: int,
         route: VersionRoute | None = None,
         departure: Departure | None = None,
-        *,
-        use_cache: bool = True,
     ) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order, and the milliseconds from admission to the last one.
 
         With a response cache, the images it has answers for are answered from it, before any
         admission or decode (service/http/cache/front.py), and the others' answers are kept.
         ``route``: the model version to run (``None``: any ready worker, for a one-model server).
-        ``departure``: told when the client leaves; its images not answered yet then get
-        ``CLIENT_LEFT`` at once and their workers drop them. Cancelling the call does the same.
+        ``departure``: told when the client leaves; its images not answered yet are then dropped by
+        their workers, and this raises ``ClientClosed`` (499). Cancelling the call drops them too.
         Raises ``ServiceError`` 503 (retry later) when no worker is ready or the images do not fit
         under ``--max-queue`` now, 413 if they never could; an image without an answer by the deadline
         gets a 504 ``Answer``.
         """
         cache = self.cache
-        if use_cache and cache is not None and route is not None:
-            return await classify_through(cache, self._classify_uncached, images, top_k, route, departure)
+        if cache is not None and route is not None:
+            return await classify_through(cache, self._admit_and_run, images, top_k, route, departure)
+        return await self._admit_and_run(images, top_k, route, departure)
+
+    async def _admit_and_run(
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute | None, departure: Departure | None
+    ) -> tuple[list[Answer], float]:
+        """``classify`` without the cache."""
         channel, watch = self.channel, self.watch
         if watch is None or channel is None:
             ready = ()
@@ -144,12 +148,9 @@ class ImageDispatcher:
             self.gate.release(len(images))
         if route is not None:
             metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))
+        if departure is not None and departure.gone:
+            raise ClientClosed(CLIENT_LEFT.detail)  # its answer goes nowhere, but is counted 499
         return answers, total_ms
-
-    async def _classify_uncached(
-        self, images: Sequence[bytes], top_k: int, route: VersionRoute, departure: Departure | None
-    ) -> tuple[list[Answer], float]:
-        return await self.classify(images, top_k, route, departure, use_cache=False)
 
     async def _send_and_wait(
         self,

@@ -3,9 +3,8 @@ fails. Shared by the HTTP routes and the gRPC service."""
 
 from __future__ import annotations
 
-from service.errors import ClientClosed
 from service.http.base.departure import Departure
-from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher, header_error
+from service.http.base.dispatch import ImageDispatcher, header_error
 from service.http.oip.tensors import InferCall, failed_items
 from service.metrics import metrics
 from service.repository.table import VersionRoute
@@ -22,12 +21,10 @@ async def run_infer(
     """Every image's successful ``Answer`` and the total milliseconds; ``ServiceError`` otherwise.
 
     Headers are checked first: a request that would fail on a bad header runs none of its images.
-    ``departure``: the HTTP client's (gRPC's leave by cancelling the call).
+    ``departure``: the HTTP client's (``ClientClosed`` when it left; gRPC's leave by cancelling the call).
     """
     failed_items([header_error(image, max_image_pixels) for image in call.images])
     answers, total_ms = await dispatcher.classify(call.images, call.worker_top_k, route, departure)
-    if departure is not None and departure.gone:
-        raise ClientClosed(CLIENT_LEFT.detail)
     for answer in answers:
         metrics().observe_stages(answer.timings_ms)
     failed_items(answers)

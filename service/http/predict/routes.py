@@ -13,9 +13,9 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import ClientClosed, InvalidInput, ServiceError
+from service.errors import InvalidInput, ServiceError
 from service.http.base.departure import departure_of
-from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher, check_header, header_error
+from service.http.base.dispatch import ImageDispatcher, check_header, header_error
 from service.http.base.limits import RequestLimits
 from service.http.cache.front import from_cache
 from service.http.predict.parsing import read_predict_request
@@ -121,8 +121,6 @@ class PredictEndpoint:
             image = parsed.images[0]
             check_header(image, self.limits.max_image_pixels)
             (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k, route, departure)
-            if answer is CLIENT_LEFT:
-                raise ClientClosed(CLIENT_LEFT.detail)
             with stage_span("answer"):
                 response = render(answer, total_ms, route.version)
             if self.dispatcher.cache is not None:
@@ -135,8 +133,6 @@ class PredictEndpoint:
         total_ms = 0.0
         if to_run:
             ran, total_ms = await self.dispatcher.classify([answers[i] for i in to_run], parsed.top_k, route, departure)
-            if departure is not None and departure.gone:
-                raise ClientClosed(CLIENT_LEFT.detail)
             for i, answer in zip(to_run, ran, strict=True):
                 answers[i] = answer
                 metrics().observe_stages(answer.timings_ms)
