@@ -24,18 +24,15 @@ import logging
 import random
 import shutil
 import statistics
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import redis
-
 from benchmarks.harness.common import machine_record, results_dir, write_results
-from service.client.launcher import ServerProcess, free_port
+from service.client.launcher import ServerProcess
 from service.tune.images import IMAGENET_SIZE, photo_jpegs
 from service.tune.loadgen import LoadSpec, Sample, percentile, run_load
+from tests.redis_server import running_redis
 
 logger = logging.getLogger(__name__)
 
@@ -48,32 +45,12 @@ CACHE_MB = 64
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
-    """A ``redis-server`` on a free loopback port, saving nothing; its URL."""
-    executable = shutil.which("redis-server")
-    if executable is None:
+    """A ``redis-server`` on a free loopback port, saving nothing (the tests' own: tests/redis_server.py);
+    its URL."""
+    if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed: apt-get install redis-server (or leave out --configs redis)")
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-redis-") as directory:
-        process = subprocess.Popen(
-            [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            cwd=directory,
-            stdout=subprocess.DEVNULL,
-        )
-        url = f"redis://127.0.0.1:{port}/0"
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    redis.Redis.from_url(url, socket_timeout=1).ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            yield url
-        finally:
-            process.kill()
-            process.wait()
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as directory, running_redis(Path(directory)) as server:
+        yield server.url
 
 
 def request_images(

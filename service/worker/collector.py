@@ -14,9 +14,9 @@ batch unanswered, before it is prepared, and the batch fills with others in thei
 leave also say the queue has grown older than they wait: first come, first served would then answer
 the oldest, who give up as their answer is computed, while the newest give up waiting behind them.
 So while clients keep leaving (for ``LEAVING_FOR_S``, then until ``NEWEST_FIRST_HOLD_S`` after the
-last one left), batches take the newest requests first (Facebook's
-"adaptive LIFO"); the oldest are dropped when their clients leave, or answered 504 at their deadline. Requests
-whose deadline passed while queued are answered 504 here and left out of the batch;
+last one left), batches take the newest requests first (Facebook's "adaptive LIFO"); the oldest
+are dropped when their clients leave, or answered 504 at their deadline. Requests whose deadline
+passed while queued are answered 504 here and left out of the batch;
 ``ExpiredRequestLog`` counts them in ``vision_serve_requests_expired_total`` and logs them as one
 summary line at most every few seconds.
 """
