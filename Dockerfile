@@ -32,8 +32,9 @@ ENV VIRTUAL_ENV=/opt/venv \
 RUN python3 -m venv "${VIRTUAL_ENV}"
 
 WORKDIR /opt/vision-serve
-# The dependencies first, from pyproject.toml alone, so that a code change does not reinstall them.
-COPY pyproject.toml README.md ./
+# The dependencies first, from pyproject.toml alone, so that a code or README change does not reinstall
+# them (several GB of torch: a new layer on every rebuild).
+COPY pyproject.toml ./
 COPY deploy/docker/requirements.py deploy/docker/requirements.py
 
 # torch and torchvision (pyproject's ranges) from TORCH_INDEX_URL; then everything else of the demo
@@ -53,6 +54,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # The code, installed as root into the virtualenv and read-only to the server's user (pip writes the
 # bytecode as it installs, since that user cannot write __pycache__ there). The sources are removed
 # after, so that `python` in this folder imports the installed package, not a copy beside it.
+COPY README.md ./
 COPY service service
 COPY compile compile
 COPY preprocessing preprocessing

@@ -4,6 +4,7 @@
 - compile-trt: its flags and settings (cli.py, cli_flags.py, settings.py), its stages (build.py,
   progress.py), the engine builders (backends/, libstdcxx.py), the accuracy gate (gate.py, on the
   photos of sample_photos.py);
+- where loaded engines are unpacked (unpacking.py);
 - the artifact: its manifest (manifest.py) and whether this machine can serve it (compat.py), judged
   by the device (devices.py) and the library versions (versions.py).
 """

@@ -73,9 +73,21 @@ def build(command: list[str], cwd: Path, timeout: float = 3600) -> Build:
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=podman_env())
     seconds = time.monotonic() - started
     if result.returncode != 0:
-        raise PodmanError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-6000:]}")
+        hint = storage_hint() if "no space left on device" in result.stderr else ""
+        raise PodmanError(f"{' '.join(command)} exited {result.returncode}:{hint}\n{result.stderr[-6000:]}")
     lines = result.stdout.strip().splitlines()
     return Build(lines[-1] if lines else "", seconds, result.stderr)
+
+
+def storage_hint() -> str:
+    """Where podman keeps its images and how much room is left there, with what frees it."""
+    graph_root = podman("info", "--format", "{{.Store.GraphRoot}}", check=False).strip() or "/var/lib/containers"
+    free_gb = shutil.disk_usage(graph_root if os.path.isdir(graph_root) else "/").free / 1e9
+    return (
+        f" the disk of podman's storage ({graph_root}) is full, {free_gb:.1f} GB free now. A build writes"
+        " torch's layer (several GB) and then commits a copy of it. `podman system df` shows what images"
+        " hold; `podman image prune` removes those no tag names (older builds)."
+    )
 
 
 def image_size(reference: str) -> int:

@@ -6,6 +6,8 @@
 #   deploy/podman/image.sh cpu  [podman build flags]  the CPU image (Dockerfile); `make image` runs this
 #   deploy/podman/image.sh gpu  [podman build flags]  Dockerfile.gpu on a stand-in for its NGC base
 #
+# A rebuild removes the image its tag named before, once no tag names it (a container made from it keeps it).
+#
 # Environment:
 #   BASE_IMAGE       the CPU image's base; default: the local Debian base (made when missing). Where a
 #                    registry is reachable: BASE_IMAGE=docker.io/library/python:3.12-slim-bookworm
@@ -95,12 +97,26 @@ torch_index() {
 	fi
 }
 
+# The image a tag named before this build: once the tag moves, nothing names it, and each rebuild would
+# keep several GB more (its torch layer, when pyproject.toml changed) until someone prunes.
+previous_image() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+remove_if_untagged() {
+	local id=$1
+	[[ -n $id ]] && podman image exists "$id" || return 0
+	[[ -z $(podman image inspect --format '{{join .RepoTags ""}}' "$id" 2>/dev/null) ]] || return 0
+	# A container made from it keeps it (rmi refuses): that is the user's to remove.
+	podman rmi "$id" >/dev/null 2>&1 && say "removed the previous build ${id:0:12}, which no tag names any more"
+	return 0
+}
+
 build() { # build REFERENCE FILE [flags...]: build, say how long it took, print the reference last
-	local ref=$1 file=$2 started=$SECONDS
+	local ref=$1 file=$2 started=$SECONDS before
 	shift 2
+	before=$(previous_image "$ref")
 	say "building $ref from $file"
 	podman build "${build_flags[@]}" --file "$file" --tag "$ref" "$@" . >&2
 	say "built $ref in $(elapsed "$started") s, $(podman image inspect --format '{{.Size}}' "$ref") bytes"
+	[[ $before == "$(previous_image "$ref")" ]] || remove_if_untagged "$before"
 	printf '%s\n' "$ref"
 }
 

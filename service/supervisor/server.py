@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 
 from fastapi import FastAPI
 
+from compile.unpacking import remove_unpacked_of, unpack_root
 from compile.versions import PROJECT_DISTRIBUTION, package_version
 from service.heap import freeze_startup_objects
 from service.http.process import HttpFrontEnd
@@ -195,6 +196,7 @@ class VisionLitServer(LitServerBridge):
     @staticmethod
     def _count_restart(process: BaseProcess) -> None:
         mark_process_dead(process.pid)  # its GPU-memory gauge no longer counts
+        remove_unpacked_of(process.pid)  # its copy of the engine (it may have ended with os._exit)
         metrics().worker_restarts.inc()
 
     def _stopping(self) -> bool:
@@ -292,9 +294,10 @@ def serve(server: VisionLitServer) -> int:
         server.request_stop()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    # Entered before any other process starts: they all record into its directory (service/metrics.py).
+    # Entered before any other process starts: they all record into its directory (service/metrics.py),
+    # and unpack their engines into the run folder (compile/unpacking.py), whatever way they end.
     # Left after every child is reaped: their files are no longer written.
-    with multiprocess_mode():
+    with multiprocess_mode(), unpack_root(os.path.join(server.channels.directory, "unpacked")):
         try:
             return _run(server)
         finally:

@@ -5,6 +5,7 @@ are tested in tests/unit/test_compile_units.py without it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import httpx
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 
 from compile import _defaults
 from compile.backends.tensorrt import torch_tensorrt_status
@@ -38,9 +40,16 @@ def fp32_artifact(tmp_path_factory):
     """Compiled once through the console entry point, as a user runs it."""
     output = tmp_path_factory.mktemp("artifacts") / "lite0-fp32"
     command = [sys.executable, "-m", "compile.cli", *LITE, "--backend", "inductor", "--output", str(output)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # A temp dir of its own (inductor's compile cache kept where it is, shared with other tests).
+    temp = tmp_path_factory.mktemp("compile-temp")
+    env = {**os.environ, "TMPDIR": str(temp), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache_dir())}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "accuracy gate passed" in done.stdout
+    # The gate loaded the package: what AOTInductor unpacked for it went with the process. (Inductor
+    # keeps its precompiled headers in the temp dir whatever its cache dir: a cache, not a leftover.)
+    leftovers = [path.name for path in temp.iterdir() if not path.name.startswith("torchinductor_")]
+    assert not leftovers, leftovers
     return output
 
 
@@ -96,7 +105,14 @@ def test_repeated_compile_is_a_cache_hit(fp32_artifact, capsys) -> None:
 def test_served_artifact_classifies_chelsea_as_a_cat(which, request, chelsea_jpeg, coffee_jpeg, tmp_path) -> None:
     artifact = request.getfixturevalue(which)
     manifest = read_manifest(artifact)
-    with ServerProcess(["--artifact", str(artifact)], log_path=tmp_path / "server.log") as server:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    server = ServerProcess(
+        ["--artifact", str(artifact)],
+        log_path=tmp_path / "server.log",
+        env={"TMPDIR": str(temp), "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()},
+    )
+    with server:
         with VisionClient(server.url) as client:
             cat, coffee = client.classify(chelsea_jpeg), client.classify(coffee_jpeg)
         info = httpx.get(f"{server.url}/info").json()["model"]
@@ -110,6 +126,8 @@ def test_served_artifact_classifies_chelsea_as_a_cat(which, request, chelsea_jpe
     log = (tmp_path / "server.log").read_text(errors="replace").splitlines()
     noise = [line for line in log if line.strip() and not LOG_RECORD.match(line)]
     assert not noise, noise[:10]
+    # Each worker unpacked the engine (the size of the model); a stopped server leaves nothing in the temp dir.
+    assert not any(temp.iterdir()), sorted(temp.rglob("*"))[:10]
 
 
 def test_loaded_engine_pads_and_splits_batches_outside_its_range(fp32_artifact, chelsea_jpeg) -> None:

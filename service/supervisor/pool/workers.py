@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
+from compile.unpacking import remove_unpacked_of
 from service.litserve_bridge import ERROR, READY
 from service.repository.table import VersionRoute
 from service.settings import ServeSettings
@@ -204,3 +205,4 @@ class WorkerSet:
                 self.hooks.set_state(worker.worker_id, None)
                 with contextlib.suppress(OSError):
                     setup_error_path(self.channels_directory, worker.worker_id).unlink(missing_ok=True)
+                remove_unpacked_of(worker.process.pid)
