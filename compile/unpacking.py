@@ -46,32 +46,28 @@ def process_unpack_dir() -> str:
 
 
 @contextlib.contextmanager
-def unpacking_into(folder: str) -> Iterator[None]:
+def _variable(name: str, value: str) -> Iterator[None]:
+    """Environment variable ``name`` set to ``value`` while the block runs, then as it was."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def unpacking_into(folder: str) -> contextlib.AbstractContextManager[None]:
     """The loader's ``mkdtemp`` reads ``TMPDIR`` (C++'s ``temp_directory_path``): point it at ``folder``
     while the block runs. Python's own ``tempfile`` caches its temp dir, so it is not moved."""
-    previous = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = folder
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = previous
+    return _variable("TMPDIR", folder)
 
 
-@contextlib.contextmanager
-def unpack_root(root: str) -> Iterator[None]:
+def unpack_root(root: str) -> contextlib.AbstractContextManager[None]:
     """Processes started while the block runs unpack into folders under ``root``; the caller removes it."""
-    previous = os.environ.get(UNPACK_ROOT_ENV)
-    os.environ[UNPACK_ROOT_ENV] = root
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(UNPACK_ROOT_ENV, None)
-        else:
-            os.environ[UNPACK_ROOT_ENV] = previous
+    return _variable(UNPACK_ROOT_ENV, root)
 
 
 def remove_unpacked_of(pid: int | None) -> None:
