@@ -19,7 +19,7 @@ from compile.backends.base import (
 from compile.manifest import Manifest
 from compile.quantization.pt2e import ACTIVATION_OBSERVERS, check_pt2e, quantize_pt2e
 from compile.settings import CompileSettings
-from compile.unpacking import process_unpack_dir, unpacking_into
+from compile.unpacking import load_unpacked
 from compile.versions import package_version
 
 if TYPE_CHECKING:
@@ -77,5 +77,5 @@ class InductorBackend(CompileBackend):
     def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:
         use_exact_fp32(manifest.precision, device)  # convolutions call cuDNN, which reads it at run time
         index = device.index if device.type == "cuda" and device.index is not None else -1
-        with unpacking_into(process_unpack_dir()):  # not the temp dir, where nothing would remove it
-            return torch._inductor.aoti_load_package(str(path), device_index=index)
+        # Unpacked where this process removes it, not left in the temp dir (compile/unpacking.py).
+        return load_unpacked(lambda: torch._inductor.aoti_load_package(str(path), device_index=index))

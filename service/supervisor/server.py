@@ -23,7 +23,7 @@ from multiprocessing.process import BaseProcess
 
 from fastapi import FastAPI
 
-from compile.unpacking import remove_unpacked_of, unpack_root
+from compile.unpacking import remove_every_unpacked, remove_unpacked_of, unpack_root
 from compile.versions import PROJECT_DISTRIBUTION, package_version
 from service.heap import freeze_startup_objects
 from service.http.process import HttpFrontEnd
@@ -305,6 +305,7 @@ def serve(server: VisionLitServer) -> int:
                 signal.signal(sig, handler)
             server.stop_control()
             reap_children()
+            remove_every_unpacked()  # the run folder holds them, but older torch unpacks into /tmp
             server.channels.remove()
 
 

@@ -43,9 +43,15 @@ def tagged() -> list[psutil.Process]:
     return found
 
 
+def unpacked_packages() -> set[Path]:
+    """Folders of /tmp holding an unpacked AOTInductor package: where torch 2.11 unpacks, whatever TMPDIR says."""
+    return {path.parents[2] for path in Path("/tmp").glob("*/*/data/aotinductor")}
+
+
 @pytest.mark.slow  # the stand-in's first build (~3 min) and the headline phase, dry (~4 min on 2 cores)
 def test_the_headline_runs_dry_in_the_standin_and_brings_back_every_step(tmp_path) -> None:
     standin_python()
+    unpacked_before = unpacked_packages()
     out, results = tmp_path / "out", tmp_path / "results"
     command = ["bash", "benchmarks/gpu_headline.sh", "--dry-run", "--results", str(results), "--site",
                str(tmp_path / "site")]  # fmt: skip
@@ -76,3 +82,5 @@ def test_the_headline_runs_dry_in_the_standin_and_brings_back_every_step(tmp_pat
     assert check["passed"] and all(depth["ok"] == check["requests"] for depth in check["depths"].values())
     assert {f"{results.name}/logs/server-compiled.log", f"{results.name}/gpu_suite.md"} <= names
     assert not tagged(), "a step left a process running"
+    # The compile's gate and each server's workers loaded the engine with torch 2.11: none left a copy.
+    assert unpacked_packages() <= unpacked_before
