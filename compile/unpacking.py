@@ -35,7 +35,7 @@ UNPACK_ROOT_ENV = "VISION_SERVE_UNPACK_ROOT"
 # In a process's folder: the folders its loads unpacked elsewhere, a path per line.
 ELSEWHERE_FILE = "unpacked-elsewhere"
 # What marks a folder as an unpacked AOTInductor package (its layout, on every torch release since 2.6).
-PACKAGE_MARK = "/data/aotinductor/"
+PACKAGE_LAYOUT = "data/aotinductor"
 
 T = TypeVar("T")
 
@@ -86,7 +86,7 @@ def unpacked_elsewhere(new_files: set[str], folder: str) -> list[str]:
     roots = {os.path.realpath(tempfile.gettempdir()), "/tmp"}
     found = set()
     for path in new_files:
-        if PACKAGE_MARK not in path or path.startswith(folder + os.sep):
+        if f"/{PACKAGE_LAYOUT}/" not in path or path.startswith(folder + os.sep):
             continue
         for root in roots:
             if path.startswith(root + os.sep):
@@ -102,7 +102,7 @@ def remove_folder(folder: str) -> None:
         for line in record:
             path = Path(line.strip())
             # Only a folder that still holds a package's layout: never whatever took its name since.
-            if line.strip() and (any(path.glob("data/aotinductor")) or any(path.glob("*/data/aotinductor"))):
+            if line.strip() and (any(path.glob(PACKAGE_LAYOUT)) or any(path.glob(f"*/{PACKAGE_LAYOUT}"))):
                 shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(folder, ignore_errors=True)
 
