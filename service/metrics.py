@@ -146,6 +146,11 @@ class Metrics:
     def _model_images(self, model: str, version: int, code: int) -> Any:
         return self.model_images.labels(model=model, version=str(version), code=str(code))
 
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - one Metrics per process, kept for its life
+    def cache_hits_in(self, tier: str) -> Any:
+        """``cache_hits{tier}``'s child: looked up once, not on every cached request."""
+        return self.cache_hits.labels(tier=tier)
+
     def observe_batch(self, images: int) -> None:
         self.batch_size.observe(images)
         self.images.inc(images)
@@ -241,7 +246,7 @@ def metrics() -> Metrics:
     )
     # The labelled series whose labels are known, at 0 from the start (see multiprocess_mode).
     for tier in ("memory", "redis"):
-        made.cache_hits.labels(tier=tier)
+        made.cache_hits_in(tier)
     for reason in ("timeout", "error"):
         made.cache_redis_errors.labels(reason=reason)
     for where in ("http", "worker"):

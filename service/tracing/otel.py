@@ -89,10 +89,8 @@ class OtelBackend:
         return format_traceparent(context.trace_id, context.span_id, context.trace_flags)
 
     @staticmethod
-    def end(span: Span, error: BaseException | None = None, attributes: Attributes | None = None) -> None:
+    def end(span: Span, error: BaseException | None = None) -> None:
         """End ``span``; ``error``: what escaped it (recorded, and the span's status is ERROR)."""
-        if attributes:
-            span.set_attributes(attributes)
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:300]))

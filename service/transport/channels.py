@@ -192,6 +192,15 @@ class WorkerChannel:
         self._context.destroy(linger=linger_ms)
 
 
+def _push_socket(context: zmq.Context, address: str) -> zmq.Socket:
+    """A PUSH socket to a worker, connected: what it holds is discarded when closed (see ``close``)."""
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(address)
+    return socket
+
+
 class WorkerSockets:
     """An HTTP process's request sockets, one per worker id, made on first use (workers start and
     stop with model loads), each in a ZeroMQ context of its own: see ``close``."""
@@ -204,20 +213,15 @@ class WorkerSockets:
     def __getitem__(self, worker_id: int) -> zmq.Socket:
         socket = self._sockets.get(worker_id)
         if socket is None:
-            socket = self._sockets[worker_id] = zmq.Context().socket(zmq.PUSH)
-            socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self._config.request_address(worker_id))
+            socket = self._sockets[worker_id] = _push_socket(zmq.Context(), self._config.request_address(worker_id))
         return socket
 
     def cancels(self, worker_id: int) -> zmq.Socket:
         """The socket to ``worker_id``'s cancel channel, in the context of its request socket."""
         socket = self._cancel_sockets.get(worker_id)
         if socket is None:
-            socket = self._cancel_sockets[worker_id] = self[worker_id].context.socket(zmq.PUSH)
-            socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self._config.cancel_address(worker_id))
+            context = self[worker_id].context
+            socket = self._cancel_sockets[worker_id] = _push_socket(context, self._config.cancel_address(worker_id))
         return socket
 
     def close(self, worker_id: int) -> None:
@@ -309,9 +313,13 @@ class ApiChannel:
         outbox.uids.append(uid)
         outbox.requests.append(request)
         if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self.flush)
+            self._schedule_flush(loop)
         return future
+
+    def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush at the end of this turn of the event loop, once, whatever was submitted or cancelled in it."""
+        self._flush_scheduled = True
+        loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Send what was submitted since the last flush: one message per worker."""
@@ -338,11 +346,10 @@ class ApiChannel:
         (from this turn's message if not sent, else through their worker's cancel channel)."""
         dropped_here = 0
         for uid in uids:
-            entry = self._pending.pop(uid, None)
+            entry = self._take(uid)
             if entry is None:
                 continue  # answered already
             worker_id = entry[0]
-            self._unanswered[worker_id] -= 1
             if unsend(self._outbox.get(worker_id), uid):
                 dropped_here += 1
             else:
@@ -350,8 +357,7 @@ class ApiChannel:
         if dropped_here:
             metrics().requests_abandoned.labels(where="http").inc(dropped_here)
         if self._cancels and not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._schedule_flush(asyncio.get_running_loop())
 
     def retire(self, worker_id: int) -> None:
         """Send ``worker_id`` what is queued for it, then the final message: it gets nothing more
@@ -402,23 +408,21 @@ class ApiChannel:
         return RequestBatch(self.api_server, [], [])
 
     def _settle(self, uid: int, answer: Answer) -> None:
-        future = self._take(uid)
-        if future is None:
+        entry = self._take(uid)
+        if entry is None:
             # Its client already had an answer (504, 503 for a dead worker) or left: if the image
             # ran, it was decoded and run for nobody.
             if answer.batch_size:
                 metrics().images_unclaimed.inc()
-        elif not future.done():
-            future.set_result(answer)
+        elif not entry[1].done():
+            entry[1].set_result(answer)
 
-    def _take(self, uid: int) -> asyncio.Future[Answer] | None:
-        """Stop waiting for ``uid``: its future, or ``None`` if nobody was."""
+    def _take(self, uid: int) -> tuple[int, asyncio.Future[Answer]] | None:
+        """Stop waiting for ``uid``: its worker and future, or ``None`` if nobody was."""
         entry = self._pending.pop(uid, None)
-        if entry is None:
-            return None
-        worker_id, future = entry
-        self._unanswered[worker_id] -= 1
-        return future
+        if entry is not None:
+            self._unanswered[entry[0]] -= 1
+        return entry
 
     def close(self) -> None:
         self._async_context.destroy(linger=0)

@@ -177,7 +177,7 @@ class ImageDispatcher:
             # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
             expiry = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, futures)
             if departure is not None:
-                departure.listener = functools.partial(self._client_left, futures)
+                departure.listener = functools.partial(_settle_all, futures, CLIENT_LEFT)
             try:
                 answers = [await future for future in futures]
                 left = departure is not None and departure.gone
@@ -196,12 +196,6 @@ class ImageDispatcher:
             metrics().observe_stages({"total": total_ms})
         return answers, total_ms
 
-    @staticmethod
-    def _client_left(futures: Sequence[asyncio.Future[Answer]]) -> None:
-        for future in futures:
-            if not future.done():
-                future.set_result(CLIENT_LEFT)
-
     def _expire(self, futures: Sequence[asyncio.Future[Answer]]) -> None:
         timed_out = answer_for(
             DeadlineExceeded(
@@ -209,6 +203,11 @@ class ImageDispatcher:
                 "overloaded or its batches are too slow."
             )
         )
-        for future in futures:
-            if not future.done():
-                future.set_result(timed_out)
+        _settle_all(futures, timed_out)
+
+
+def _settle_all(futures: Sequence[asyncio.Future[Answer]], answer: Answer) -> None:
+    """Answer each of ``futures`` not answered yet with ``answer`` (the deadline, a client that left)."""
+    for future in futures:
+        if not future.done():
+            future.set_result(answer)

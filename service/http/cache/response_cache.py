@@ -109,8 +109,8 @@ class ResponseCache:
         self.misses += misses
         recorded = metrics()
         if memory_hits:
-            recorded.cache_hits.labels(tier="memory").inc(memory_hits)
+            recorded.cache_hits_in("memory").inc(memory_hits)
         if redis_hits:
-            recorded.cache_hits.labels(tier="redis").inc(redis_hits)
+            recorded.cache_hits_in("redis").inc(redis_hits)
         if misses:
             recorded.cache_misses.inc(misses)
