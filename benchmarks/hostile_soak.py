@@ -81,6 +81,17 @@ def socket_faults(port: int, photo: bytes) -> list[tuple[str, bytes, bool]]:
         ("oversized header", predict_head(0, "X-Padding: " + "a" * (MAX_HEADER_BYTES + 100) + "\r\n"), False),
         ("slow headers", b"POST /predict HTTP/1.1\r\nHost: x\r\n", False),
         ("slow body", predict_head(len(photo)) + photo[:100], False),
+        # HTTP/1.1 framing abuse: request smuggling shapes, and framing that costs more than its data.
+        (
+            "content-length and chunked",
+            predict_head(4, "Transfer-Encoding: chunked\r\n") + b"4\r\nabcd\r\n0\r\n\r\n",
+            False,
+        ),
+        ("duplicate content-length", predict_head(4, "Content-Length: 4\r\n") + b"abcd", False),
+        ("thousands of tiny headers", b"GET /info HTTP/1.1\r\nHost: x\r\n" + b"a:b\r\n" * 1000 + b"\r\n", False),
+        ("huge chunk extension", chunked + b"5;e=" + b"e" * 1_000_000 + b"\r\nhello\r\n0\r\n\r\n", False),
+        ("one byte per chunk", chunked + b"1\r\nx\r\n" * 100_000 + b"0\r\n\r\n", False),
+        ("pipelined flood", b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n" * 2000, False),
     ]
 
 

@@ -1,36 +1,50 @@
 """Every use of uvicorn's internals, in one place, checked against the versions it was written for.
 
 Limits on each HTTP connection that uvicorn does not set: how long a request's headers and body may
-take to arrive, and how large its headers may be. Runs in each HTTP process, inside uvicorn.
+take to arrive, how large its headers may be, how much one connection may have parsed and waiting,
+and how a chunked body may be framed. Runs in each HTTP process, inside uvicorn.
 
-uvicorn (with httptools) accepts headers of any size and waits for them, and for a body, forever; its
-only timer closes idle kept-alive connections. A server without a proxy in front would be held by
-slow or idle sockets and grown by huge headers. ``guarded_http_protocol`` is uvicorn's httptools
-protocol with:
+uvicorn (with httptools) accepts headers of any size and number and waits for them, and for a body,
+forever; its only timer closes idle kept-alive connections. A server without a proxy in front would
+be held by slow or idle sockets and grown by huge headers. ``guarded_http_protocol`` is uvicorn's
+httptools protocol with:
 
 - a deadline for each request's headers, from the connection's opening or the request's first byte
   (``--header-timeout-s``): past it, 408 and the connection closes;
-- a cap on the bytes of a request's headers (``--max-header-bytes``): past it, 431 and close;
+- a cap on the bytes of a request's headers (``--max-header-bytes``) and on their number
+  (``MAX_HEADER_FIELDS``), for every request, pipelined ones too: past it, 431 and close;
 - a deadline for the body, from the end of the headers (``--body-timeout-s``): past it, 408 and
-  close. The route reading the body then sees the connection gone and counts the request as 408
-  (service/http/base/limits.py);
-- a ``Departure`` in each request's scope, told when the connection is lost before the answer is
-  complete, so that work for a client that left is dropped (service/http/base/departure.py).
+  close. The route reading the body then sees the connection gone and counts the request by the
+  refusal's status (service/http/base/limits.py);
+- a chunked body framed to cost the server per byte what a plain one does: chunks of at least
+  ``MIN_MEAN_CHUNK_BYTES`` on average once there are more than ``FREE_CHUNKS``, and framing (chunk
+  sizes, extensions) within ``FRAMING_ALLOWANCE_BYTES`` plus ``FRAMING_BYTES_PER_CHUNK`` a chunk:
+  else 400 and close;
+- pipelining bounded: while a request runs, the connection reads on only until one more request is
+  parsed (the rest waits in the socket, as in uvicorn itself), and at most ``MAX_PIPELINED``
+  requests parsed from what was already read may wait behind it: one more closes the connection;
+- a ``Departure`` in each request's scope, told when the connection is lost before that request's
+  answer is complete: the request running and those parsed behind it alike, so that work for a
+  client that left is dropped (service/http/base/departure.py). A connection whose reading is paused
+  (a request parsed behind the running one) does not see the client close, so the sweep asks the
+  kernel whether the peer hung up (``POLLRDHUP``).
 
 One sweep per process every ``SWEEP_INTERVAL_S`` checks the deadlines of every open connection, so
 a request pays for a few clock reads, not for timers of its own.
 
 It subclasses uvicorn's non-public ``HttpToolsProtocol`` and reads its ``cycle``, ``connections``,
-``transport`` and ``loop``: the import checks the installed uvicorn against the range pyproject.toml
-pins, and tests/unit/test_uvicorn_bridge.py holds a contract test per internal used, so an upgrade
-that moves one fails there, by name.
+``transport``, ``loop``, ``flow`` and ``pipeline``: the import checks the installed uvicorn against the
+range pyproject.toml pins, and tests/unit/test_uvicorn_bridge.py holds a contract test per internal
+used, so an upgrade that moves one fails there, by name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import select
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import uvicorn
@@ -58,8 +72,26 @@ def check_uvicorn_version(installed: str) -> None:
 check_uvicorn_version(uvicorn.__version__)
 
 SWEEP_INTERVAL_S = 0.25
-# Set in a request's ASGI scope when its body did not arrive in time (read by read_body).
-BODY_TIMED_OUT = "vision_serve.body_timed_out"
+# Set in a request's ASGI scope when the guard cut its body off (the body's deadline, a body framed to
+# cost too much): ``(status, detail)``, which read_body raises as the request's answer.
+BODY_CUT_OFF = "vision_serve.body_cut_off"
+# Requests parsed and waiting behind the running one on a connection. uvicorn stops reading once one
+# is parsed; these are the ones already read in the same chunk. Beyond it the connection is closed:
+# no client needs more, and each costs the server its parsed headers and a request object.
+MAX_PIPELINED = 32
+# Header lines in one request (Apache's LimitRequestFields is 100): thousands of tiny headers cost
+# the server a Python object each.
+MAX_HEADER_FIELDS = 256
+# A chunked body: this many chunks are free; beyond, their mean size must be at least
+# MIN_MEAN_CHUNK_BYTES, since every chunk costs the server two Python calls whatever its size.
+FREE_CHUNKS = 1024
+MIN_MEAN_CHUNK_BYTES = 256
+# Bytes of a chunked body's framing (sizes, extensions, line ends) beyond its data: extensions are
+# never read by the server, so a client that sends megabytes of them only burns its parser.
+FRAMING_ALLOWANCE_BYTES = 64 * 1024
+FRAMING_BYTES_PER_CHUNK = 32
+# select.POLLRDHUP is Linux's; elsewhere a paused connection's departure is seen when its answer is written.
+_PEER_GONE = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
 
 @dataclass(frozen=True)
@@ -71,13 +103,37 @@ class ConnectionLimits:
     body_timeout_s: float = _defaults.BODY_TIMEOUT_S
 
 
-def _refusal(status: int, reason: str, detail: str) -> bytes:
+@dataclass(frozen=True)
+class Refusal:
+    """What the guard answers (when it may) before it closes a connection: ``wire`` is the response."""
+
+    status: int
+    detail: str
+    wire: bytes
+
+
+def _refusal(status: int, reason: str, detail: str) -> Refusal:
     body = json.dumps({"detail": detail}).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
     )
-    return head.encode("latin-1") + body
+    return Refusal(status, detail, head.encode("latin-1") + body)
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; httptools re-raises it as a parser error, which
+    uvicorn answers through ``send_400_response``, where the guard sends its own refusal instead."""
+
+
+def _peer_hung_up(transport: asyncio.Transport) -> bool:
+    """Whether the kernel says the client closed or reset the connection (no read needed)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or not _PEER_GONE:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), _PEER_GONE)
+    return any(events & _PEER_GONE for _, events in poller.poll(0))
 
 
 def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
@@ -97,16 +153,46 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "Request Header Fields Too Large",
         f"The request's headers are larger than {limits.max_header_bytes:,} bytes (server flag --max-header-bytes).",
     )
+    too_many_fields = _refusal(
+        431,
+        "Request Header Fields Too Large",
+        f"The request has more than {MAX_HEADER_FIELDS} header lines.",
+    )
+    too_deep = _refusal(
+        400,
+        "Bad Request",
+        f"More than {MAX_PIPELINED} pipelined requests wait behind a running one; send fewer at once.",
+    )
+    tiny_chunks = _refusal(
+        400,
+        "Bad Request",
+        f"The chunked body's chunks are smaller than {MIN_MEAN_CHUNK_BYTES} bytes on average; send larger chunks "
+        "or a Content-Length body.",
+    )
+    heavy_framing = _refusal(
+        400,
+        "Bad Request",
+        "The chunked body's framing (chunk sizes and extensions) is far larger than its data; drop the extensions.",
+    )
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # (monotonic deadline, refusal) of the phase the connection is in; None between requests,
         # where uvicorn's keep-alive timeout applies.
-        _deadline: tuple[float, bytes] | None = None
-        _header_bytes = 0  # of the request whose headers are arriving; -1 once they are complete
+        _deadline: tuple[float, Refusal] | None = None
+        _header_bytes = 0  # raw bytes of the request whose headers are arriving; -1 once they are complete
+        _refusing: Refusal | None = None  # raised from a callback, sent by send_400_response
+        # The request being parsed: its header lines and their bytes; for a chunked body, its chunks,
+        # data bytes, and raw bytes received since its headers (data and framing).
+        _message_header_bytes = _header_fields = 0
+        _chunked_body = False
+        _chunks = _body_bytes = _framing_bytes = 0
         _sweeping: set[asyncio.AbstractEventLoop] = set()  # noqa: RUF012  (per process, shared on purpose)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            # This connection's requests whose answers are not complete: the running one, then those
+            # parsed behind it (uvicorn's ``cycle`` is only the newest).
+            self._open: deque = deque()
             self._expect_headers()
             if self.loop not in self._sweeping:
                 self._sweeping.add(self.loop)
@@ -123,53 +209,122 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 if self._header_bytes > limits.max_header_bytes:
                     self._refuse(too_large)
                     return
+            elif self._chunked_body:
+                # Checked on what the parser has seen so far, before this data: what it holds of the
+                # body is counted by on_body only once fed.
+                framing = self._framing_bytes - self._body_bytes
+                if framing > FRAMING_ALLOWANCE_BYTES + FRAMING_BYTES_PER_CHUNK * self._chunks:
+                    self._refuse(heavy_framing)
+                    return
+                self._framing_bytes += len(data)
             super().data_received(data)
+
+        def send_400_response(self, msg: str) -> None:
+            refusal, self._refusing = self._refusing, None
+            if refusal is None:
+                super().send_400_response(msg)
+            else:
+                self._refuse(refusal)
+
+        def _stop_parsing(self, refusal: Refusal) -> None:
+            self._refusing = refusal
+            raise _Refused(refusal.detail)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             if self._header_bytes < 0:  # the next request on a kept-alive connection
                 self._expect_headers()
+            self._message_header_bytes = self._header_fields = 0
+            self._chunked_body = False
+            self._chunks = self._body_bytes = self._framing_bytes = 0
+
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            self._count_header_bytes(len(url))
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            super().on_header(name, value)
+            self._header_fields += 1
+            if self._header_fields > MAX_HEADER_FIELDS:
+                self._stop_parsing(too_many_fields)
+            self._count_header_bytes(len(name) + len(value) + 4)
+
+        def _count_header_bytes(self, count: int) -> None:
+            # Every request's, pipelined ones too: the raw count in data_received sees only the first
+            # request of each chunk read.
+            self._message_header_bytes += count
+            if self._message_header_bytes > limits.max_header_bytes:
+                self._stop_parsing(too_large)
 
         def on_headers_complete(self) -> None:
             self._header_bytes = -1
             self._deadline = (time.monotonic() + limits.body_timeout_s, body_timeout)
             super().on_headers_complete()
             self.scope[DEPARTURE] = Departure()  # type: ignore[literal-required]
+            self._chunked_body = any(name == b"transfer-encoding" for name, _ in self.headers)
+            while self._open and self._open[0].response_complete:
+                self._open.popleft()
+            if self.cycle is not None and self.cycle.scope is self.scope:
+                self._open.append(self.cycle)
+            if len(self.pipeline) > MAX_PIPELINED:
+                self._stop_parsing(too_deep)
+
+        def on_chunk_header(self) -> None:
+            # Called before the chunk's data: the data of the chunks before it is counted.
+            self._chunks += 1
+            if self._body_bytes < (self._chunks - FREE_CHUNKS) * MIN_MEAN_CHUNK_BYTES:
+                self._stop_parsing(tiny_chunks)
+
+        def on_body(self, body: bytes) -> None:
+            self._body_bytes += len(body)
+            super().on_body(body)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            cycle = self.cycle
             super().connection_lost(exc)
-            # The client left before its answer was complete: work still queued for it is dropped.
-            if cycle is not None and not cycle.response_complete:
-                departure = cycle.scope.get(DEPARTURE)
-                if departure is not None:
-                    departure.leave()
+            # The client left before these answers were complete. uvicorn marks only the newest request
+            # (``cycle``) disconnected: the one running behind it would write its answer into the closed
+            # transport (uvloop raises there). Each is told, and work still queued for it is dropped.
+            for cycle in self._open:
+                if not cycle.response_complete:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+                    departure = cycle.scope.get(DEPARTURE)
+                    if departure is not None:
+                        departure.leave()
+            self._open.clear()
 
         def on_message_complete(self) -> None:
             self._deadline = None
+            self._chunked_body = False
             super().on_message_complete()
             # uvicorn pauses reading while a body over 64 KiB is buffered and may leave it paused once
             # the request is complete; a paused socket never reports the client's close, so a client
-            # that left would not be noticed until its answer was written. A pipelined request read
-            # from here on pauses reading again (uvicorn's own check).
-            self.flow.resume_reading()
+            # that left would not be noticed until its answer was written. Reading stays paused when a
+            # request is parsed behind the running one (uvicorn's own bound on pipelining); the
+            # sweep then watches for the client's close.
+            if not self.pipeline:
+                self.flow.resume_reading()
 
-        def _refuse(self, refusal: bytes) -> None:
+        def _refuse(self, refusal: Refusal) -> None:
             self._deadline = None
             if self.transport.is_closing():
                 return
-            cycle = self.cycle
-            if refusal is body_timeout:
-                if cycle is not None:
-                    cycle.scope[BODY_TIMED_OUT] = True  # type: ignore[literal-required]
-                answer = cycle is None or not cycle.response_started
-            else:
-                # Headers phase: this request has no cycle yet, and ``cycle`` is the previous one on a
-                # kept-alive connection; answer unless that one's response is still being written.
-                answer = cycle is None or cycle.response_complete
-            if answer:
-                self.transport.write(refusal)
+            # The refused request's own cycle once its headers are complete; before, it has none yet
+            # (``cycle`` is then the previous request on a kept-alive connection).
+            refused = self.cycle if self._header_bytes < 0 else None
+            if refused is not None:
+                # The route reading the body learns why it stopped, and counts the request by it.
+                refused.scope[BODY_CUT_OFF] = (refusal.status, refusal.detail)  # type: ignore[literal-required]
+            # Answer only where no other answer is still owed on this connection and the refused
+            # request's own has not begun: a response must never land inside another.
+            owed = any(not cycle.response_complete for cycle in self._open if cycle is not refused)
+            if not owed and (refused is None or not refused.response_started):
+                self.transport.write(refusal.wire)
             self.transport.close()
+
+        def _client_gone_while_paused(self) -> bool:
+            waiting = any(not cycle.response_complete for cycle in self._open)
+            return self.flow.read_paused and waiting and _peer_hung_up(self.transport)
 
         @staticmethod
         def _sweep(connections: set, loop: asyncio.AbstractEventLoop) -> None:
@@ -178,6 +333,8 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 deadline = getattr(connection, "_deadline", None)
                 if deadline is not None and now > deadline[0]:
                     connection._refuse(deadline[1])
+                elif isinstance(connection, GuardedHttpToolsProtocol) and connection._client_gone_while_paused():
+                    connection.transport.close()  # connection_lost then tells their departures
             loop.call_later(SWEEP_INTERVAL_S, GuardedHttpToolsProtocol._sweep, connections, loop)
 
     return GuardedHttpToolsProtocol

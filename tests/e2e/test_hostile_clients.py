@@ -23,9 +23,13 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from benchmarks.hostile_soak import predict_head, raw_exchange
+from benchmarks.soak import rss_mb, server_processes
 from service.client.launcher import ServerProcess, free_port
 from tests.bad_inputs import bad_inputs
-from tests.conftest import CAT_LABELS
+from tests.conftest import CAT_LABELS, inference_workers
+from tests.unit.test_uvicorn_bridge import FRAMING_ABUSE, exchange_once, send_for
+from tests.worker_hold import in_flight, worker_held
+from tests.worker_hold import wait_until as hold_until
 
 TIMEOUT_S = 1.0
 MAX_HEADER_BYTES = 8192
@@ -335,3 +339,64 @@ def test_oip_http_lying_and_expensive_images_are_refused(server) -> None:
         assert caught.value.status() == "400", caught.value.message()
     assert "9000x9000" not in caught.value.message() and "chunks" in caught.value.message()
     assert images_answered_by_a_model(server.url) == before
+
+
+def http_process_rss_mb(server: ServerProcess) -> float:
+    """Resident memory of the server's one HTTP process (the fixture runs --api-servers 1)."""
+    (rss,) = [
+        rss_mb({pid: entry})[pid] for pid, entry in server_processes(server.process.pid).items() if entry[0] == "http"
+    ]
+    return rss
+
+
+def test_pipelined_requests_behind_a_running_predict_do_not_grow_the_server(server, log, chelsea_jpeg) -> None:
+    """On main, 8,000 pipelined GET /info with 12 KB headers behind a held /predict were all read and
+    kept: +112 MiB in 5 s. Now the HTTP process reads on only until one more is parsed (or closes the
+    connection when one read holds more than it lets wait), and other connections are served meanwhile.
+    (The flooding client's own close is not seen until its /predict is answered: its FIN waits in its
+    kernel behind the bytes the server declined to read.)"""
+    rss_before = http_process_rss_mb(server)
+    worker = inference_workers(server)[0]
+    padded = b"GET /info HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (MAX_HEADER_BYTES - 1000) + b"\r\n\r\n"
+    with worker_held(worker.pid), socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(predict_head(len(chelsea_jpeg)) + chelsea_jpeg)
+        hold_until(lambda: in_flight(server.url) == 1, "the /predict admitted")
+        sent = send_for(connection, padded, 8_000, seconds=3.0)
+        assert sent < 8_000, "the server read everything the client pipelined"
+        assert http_process_rss_mb(server) - rss_before < 10
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    hold_until(lambda: in_flight(server.url) == 0, "the held /predict answered once the worker runs")
+    response = httpx.post(f"{server.url}/predict", content=chelsea_jpeg, timeout=30)
+    assert response.status_code == 200 and response.json()["predictions"][0]["label"] in CAT_LABELS
+    assert http_process_rss_mb(server) - rss_before < 10
+    assert not server_errors_logged(log)
+
+
+def test_a_client_that_leaves_with_requests_queued_behind_its_predict_has_it_dropped(server, log, chelsea_jpeg) -> None:
+    """Reading is paused while requests wait behind the running /predict; its client's close is still
+    seen (the kernel's hang-up flag, checked by the connection sweep) and the /predict is dropped
+    unrun, counted 499, while the worker is still stopped."""
+    before = request_counts(server.url)
+    worker = inference_workers(server)[0]
+    with worker_held(worker.pid):
+        connection = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        connection.sendall(predict_head(len(chelsea_jpeg)) + chelsea_jpeg)
+        hold_until(lambda: in_flight(server.url) == 1, "the /predict admitted")
+        connection.sendall(b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
+        time.sleep(0.2)
+        connection.close()
+        hold_until(lambda: in_flight(server.url) == 0, "the /predict's slot freed by its client leaving", timeout=5)
+    wait_until(lambda: added(before, request_counts(server.url)).get("499") == 1, "the /predict counted 499")
+    assert "200" not in added(before, request_counts(server.url)), "nothing pipelined behind it ran"
+    assert not server_errors_logged(log)
+
+
+@pytest.mark.parametrize("name", list(FRAMING_ABUSE))
+def test_framing_abuse_on_predict_gets_a_4xx_or_a_close_and_costs_nothing_lasting(server, log, name) -> None:
+    payload, status = FRAMING_ABUSE[name]
+    rss_before = http_process_rss_mb(server)
+    reply = exchange_once(server.port, payload.replace(b"POST / ", b"POST /predict ").replace(b"GET / ", b"GET /info "))
+    assert reply.startswith(status), reply[:300]
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert http_process_rss_mb(server) - rss_before < 10
+    assert not server_errors_logged(log)

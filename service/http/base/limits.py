@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from service import _defaults
-from service.errors import ClientClosed, PayloadTooLarge, RequestTimeout, ServiceError
-from service.uvicorn_bridge import BODY_TIMED_OUT
+from service.errors import ClientClosed, PayloadTooLarge, ServiceError, error_of_status
+from service.uvicorn_bridge import BODY_CUT_OFF
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            if request.scope.get(BODY_TIMED_OUT):  # the connection guard closed it: counted as its 408
-                raise RequestTimeout("The request's body did not arrive in time (server flag --body-timeout-s).")
+            cut_off = request.scope.get(BODY_CUT_OFF)
+            if cut_off is not None:  # the connection guard closed it (408, 400): counted as what it answered
+                raise error_of_status(*cut_off)
             raise ClientClosed()
         chunk = message.get("body", b"")
         received += len(chunk)
