@@ -60,6 +60,7 @@ METRIC_NAMES = tuple(
         "response_cache_hits_total",
         "response_cache_misses_total",
         "response_cache_redis_errors_total",
+        "response_cache_rejected_total",
         "requests_abandoned_total",
         "images_unclaimed_total",
     )
@@ -125,6 +126,7 @@ class Metrics:
     cache_hits: Any
     cache_misses: Any
     cache_redis_errors: Any
+    cache_rejected: Any
     requests_abandoned: Any
     images_unclaimed: Any
     registry: Any  # this process's own values: what /metrics shows without multiprocess mode
@@ -150,6 +152,10 @@ class Metrics:
     def cache_hits_in(self, tier: str) -> Any:
         """``cache_hits{tier}``'s child: looked up once, not on every cached request."""
         return self.cache_hits.labels(tier=tier)
+
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - one Metrics per process, kept for its life
+    def cache_rejected_in(self, tier: str) -> Any:
+        return self.cache_rejected.labels(tier=tier)
 
     def observe_batch(self, images: int) -> None:
         self.batch_size.observe(images)
@@ -228,6 +234,13 @@ def metrics() -> Metrics:
             PREFIX + "response_cache_redis_errors",
             "Redis calls of the response cache that failed (timeout or error); each lookup among them was a miss.",
             ["reason"],
+            **common,
+        ),
+        cache_rejected=Counter(
+            PREFIX + "response_cache_rejected",
+            "Values read back from the response cache that were not a valid answer of the model to the request "
+            "(malformed, another model's, planted in Redis), by tier: each was a miss.",
+            ["tier"],
             **common,
         ),
         requests_abandoned=Counter(

@@ -24,9 +24,18 @@ class ModelInfo:
     batch_timeout_ms: float
     artifact: dict | None = None  # the manifest's facts, when serving an artifact
     source: str = ""  # what --model said: a catalog name, timm:<name>, a model file
+    # The class names in index order, which the workers answer with. Not in /info (``labels_source``
+    # says where they come from); the HTTP processes check cached answers against them
+    # (service/http/cache/codec.py). Empty: not known, and nothing is answered from a cache.
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", tuple(self.labels))  # a list when read back from JSON
 
     def to_dict(self) -> dict:
+        """What /info shows: every field but the labels."""
         described = asdict(self)
+        del described["labels"]
         if self.artifact is None:
             del described["artifact"]
         return described

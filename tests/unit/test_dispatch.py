@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 import zmq
 
-from service.errors import ClientClosed
+from service.errors import ClientClosed, ServiceError
 from service.http.base.admission import AdmissionGate
 from service.http.base.departure import Departure
 from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher
 from service.http.base.worker_watch import WorkerWatch
 from service.litserve_bridge import READY
 from service.metrics import metrics
+from service.model_info import ModelInfo
+from service.repository.table import RoutingTable, VersionRoute
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
 from service.wire import AbandonedRequests, Answer, ImageRequest, RequestBatch
 from service.worker.collector import BatchCollector
@@ -60,7 +62,7 @@ def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_a
             again = asyncio.create_task(dispatcher.classify([b"d"], top_k=5))
             queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
             worker.answer(queued, Answer(predictions=((0, "d", 1.0),), batch_size=1))
-            (answer,), _ = await asyncio.wait_for(again, TIMEOUT_S)
+            (answer,), _, _ = await asyncio.wait_for(again, TIMEOUT_S)
             assert answer.predictions == ((0, "d", 1.0),)
         finally:
             receiving.cancel()
@@ -84,7 +86,7 @@ def test_the_images_of_one_request_are_spread_over_the_workers_and_answered_in_o
                 per_worker.append(taken)
             for worker, taken in zip(reversed(workers), reversed(per_worker), strict=True):  # answered out of order
                 worker.answer_many([(q, Answer(predictions=((0, q.request.image.decode(), 1.0),))) for q in taken])
-            answers, _ = await asyncio.wait_for(waiting, TIMEOUT_S)
+            answers, _, _ = await asyncio.wait_for(waiting, TIMEOUT_S)
             assert [a.predictions[0][1] for a in answers] == [image.decode() for image in images]
             assert {q.request.image for q in per_worker[0]} == {b"image-0", b"image-2", b"image-4"}
         finally:
@@ -126,7 +128,7 @@ def test_a_client_that_disconnects_gets_499_at_once_and_its_worker_drops_the_ima
             assert counter("requests_abandoned", where="worker") - dropped_before == 2
             assert worker._received._cancelled == set(), "cancels that matched are forgotten"
             worker.answer(batch[0], Answer(predictions=((0, "c", 1.0),), batch_size=1))
-            (answer,), _ = await asyncio.wait_for(staying, TIMEOUT_S)
+            (answer,), _, _ = await asyncio.wait_for(staying, TIMEOUT_S)
             assert answer.predictions == ((0, "c", 1.0),)
         finally:
             receiving.cancel()
@@ -265,3 +267,41 @@ def test_a_batch_fills_with_live_requests_in_the_places_of_abandoned_ones(tmp_pa
             worker.close()
 
     asyncio.run(scenario())
+
+
+# --- The route checked again after the cache lookup (issue 52, item 3) -------------------------------
+
+
+def route_of(version: int, workers: tuple[int, ...]) -> VersionRoute:
+    info = ModelInfo("lite", "w", "torch-eager-fp32", "pil", "", {}, "", "cpu", 8, 0.0, labels=("a", "b"))
+    return VersionRoute("lite", version, workers, info)
+
+
+def table_of(*routes: VersionRoute, generation: int = 1, draining: tuple[int, ...] = ()) -> RoutingTable:
+    models: dict = {}
+    for route in routes:
+        models.setdefault(route.name, {})[route.version] = route
+    return RoutingTable(generation, models, draining, default_model="lite")
+
+
+def test_a_route_still_served_is_kept_and_a_retired_one_is_resolved_again(tmp_path) -> None:
+    dispatcher, channel, workers = dispatcher_with(tmp_path, workers=4)
+    try:
+        v1, v2 = route_of(1, (0, 1)), route_of(2, (2, 3))
+        dispatcher.watch.follow_table(table_of(v1))
+        assert dispatcher.route_now(v1) is v1
+        # A load published version 2 and retired version 1 (its workers drain) while a lookup waited.
+        dispatcher.watch.follow_table(table_of(v2, generation=2, draining=(0, 1)))
+        assert dispatcher.route_now(v1) is v2, "an unpinned request runs on the version served now"
+        with pytest.raises(ServiceError) as caught:
+            dispatcher.route_now(v1, pinned=True)
+        assert caught.value.status == 404 and "version 1 is not found" in caught.value.message
+        # Unloaded altogether: 404 either way, never a send to a retired worker.
+        dispatcher.watch.follow_table(RoutingTable(3, {}, (2, 3)))
+        with pytest.raises(ServiceError) as caught:
+            dispatcher.route_now(v2)
+        assert caught.value.status == 404
+    finally:
+        channel.close()
+        for worker in workers:
+            worker.close()

@@ -28,6 +28,7 @@ from service.settings import ServeSettings
 from service.wire import Answer
 
 PREDICTIONS = ((281, "tabby", 0.625), (285, "Egyptian cat", 0.25), (282, "tiger cat", 0.125))
+LABELS = tuple({index: label for index, label, _ in PREDICTIONS}.get(i, f"class {i}") for i in range(1000))
 ANSWER = Answer(200, predictions=PREDICTIONS, model="resnet18", engine="onnxruntime", batch_size=4, timings_ms={"x": 1})
 
 
@@ -44,6 +45,7 @@ def model_info(**artifact: object) -> ModelInfo:
         max_batch_size=8,
         batch_timeout_ms=5.0,
         artifact={"compiled_at": "2026-01-01T00:00:00Z", "weights_sha256": "ab" * 32, **artifact},
+        labels=LABELS,
     )
 
 
@@ -61,7 +63,7 @@ def key_of(image: bytes = b"image", top_k: int = 5, **route_fields: object) -> s
 def test_the_same_image_model_and_top_k_give_the_same_key() -> None:
     key = key_of()
     assert key == key_of(), "an equal route (another object) must give the same key"
-    assert re.fullmatch(r"vs1:[0-9a-f]{32}:5:[0-9a-f]{64}", key), key
+    assert re.fullmatch(r"vs2:[0-9a-f]{32}:5:[0-9a-f]{64}", key), key
 
 
 @pytest.mark.parametrize(
@@ -124,18 +126,20 @@ def test_the_cache_names_the_keys_of_a_request() -> None:
 # -- codec ---------------------------------------------------------------------------------------------
 
 
-def test_the_codec_round_trips_an_answer_as_compact_json() -> None:
+def test_the_codec_round_trips_an_answer_as_compact_json_of_indices_and_probabilities() -> None:
     value = codec.encode(ANSWER)
-    assert json.loads(value)["p"][0] == [281, "tabby", 0.625]
-    assert b", " not in value and b": " not in value
-    decoded = codec.decode(value)
+    assert json.loads(value) == {"v": codec.VERSION, "p": [[281, 0.625], [285, 0.25], [282, 0.125]]}
+    assert b", " not in value and b": " not in value and b"tabby" not in value  # labels come from the model
+    decoded = codec.decode(value, model_info(), 3)
     assert decoded == Answer(200, predictions=PREDICTIONS, model="resnet18", engine="onnxruntime")
     assert decoded.batch_size == 0 and decoded.timings_ms == {}
 
 
-def test_the_codec_keeps_a_probability_exactly_and_a_label_in_any_script() -> None:
-    answer = Answer(200, predictions=((7, '猫 "ß"', 1 / 3),), model="m", engine="e")
-    assert codec.decode(codec.encode(answer)).predictions == ((7, '猫 "ß"', 1 / 3),)
+def test_the_codec_keeps_a_probability_exactly_and_takes_the_label_from_the_model() -> None:
+    labels = ("a", '猫 "ß"')
+    answer = Answer(200, predictions=((1, "whatever the worker said", 1 / 3),), model="m", engine="e")
+    decoded = codec.decode(codec.encode(answer), dataclasses.replace(model_info(), labels=labels), 1)
+    assert decoded.predictions == ((1, '猫 "ß"', 1 / 3),)
 
 
 def test_the_codec_refuses_to_encode_an_error() -> None:
@@ -143,42 +147,73 @@ def test_the_codec_refuses_to_encode_an_error() -> None:
         codec.encode(Answer(503, detail="busy"))
 
 
-GARBAGE = [
-    b"",
-    b"\xff\xfe",
-    b"null",
-    b"[]",
-    b"{}",
-    b'{"v":2,"m":"m","e":"e","p":[]}',
-    b'{"v":1,"m":1,"e":"e","p":[]}',
-    b'{"v":1,"m":"m","e":"e","p":{}}',
-    b'{"v":1,"m":"m","e":"e","p":[[1,"a"]]}',
-    b'{"v":1,"m":"m","e":"e","p":[[true,"a",0.5]]}',
-    b'{"v":1,"m":"m","e":"e","p":[[1.5,"a",0.5]]}',
-    b'{"v":1,"m":"m","e":"e","p":[[1,2,0.5]]}',
-    b'{"v":1,"m":"m","e":"e","p":[[1,"a","0.5"]]}',
-    b'{"v":1,"m":"m","e":"e","p":[[1,"a",NaN]]}',
-    b"[" * 100_000,
-    b'{"v":1,"m":"' + b"x" * codec.MAX_VALUE_BYTES + b'","e":"e","p":[]}',
-    pickle.dumps(ANSWER),
-]
+def valid(pairs: list) -> bytes:
+    return json.dumps({"v": codec.VERSION, "p": pairs}).encode()
 
 
-@pytest.mark.parametrize("value", GARBAGE, ids=range(len(GARBAGE)))
-def test_a_value_the_codec_did_not_make_is_a_miss(value: bytes) -> None:
-    assert codec.decode(value) is None
+# Each a value that is not an answer of model_info() (1,000 classes) to a request with top_k=3.
+GARBAGE = {
+    "empty": b"",
+    "not utf-8": b"\xff\xfe",
+    "null": b"null",
+    "a list": b"[]",
+    "no fields": b"{}",
+    "another version": b'{"v":1,"p":[[281,0.5],[285,0.25],[282,0.1]]}',
+    "the earlier format, with labels": b'{"v":1,"m":"m","e":"e","p":[[281,"pwned",0.5]]}',
+    "an extra field": b'{"v":2,"p":[[281,0.5],[285,0.25],[282,0.1]],"l":["pwned"]}',
+    "predictions not a list": b'{"v":2,"p":{}}',
+    "fewer than top_k": valid([[281, 0.5], [285, 0.25]]),
+    "more than top_k": valid([[i, 0.1] for i in range(7)]),
+    "a pair of one": valid([[281], [285, 0.25], [282, 0.1]]),
+    "a triple": valid([[281, "tabby", 0.5], [285, 0.25], [282, 0.1]]),
+    "a boolean index": valid([[True, 0.5], [285, 0.25], [282, 0.1]]),
+    "a float index": valid([[281.0, 0.5], [285, 0.25], [282, 0.1]]),
+    "a 30-digit index": valid([[10**30, 0.5], [285, 0.25], [282, 0.1]]),
+    "a negative index": valid([[-1, 0.5], [285, 0.25], [282, 0.1]]),
+    "an index past the classes": valid([[1000, 0.5], [285, 0.25], [282, 0.1]]),
+    "a repeated index": valid([[281, 0.5], [281, 0.25], [282, 0.1]]),
+    "a probability as text": valid([[281, "0.5"], [285, 0.25], [282, 0.1]]),
+    "a 400-digit probability": valid([[281, int("9" * 400)], [285, 0.25], [282, 0.1]]),
+    "a probability above 1": valid([[281, 1.5], [285, 0.25], [282, 0.1]]),
+    "a negative probability": valid([[281, 0.5], [285, 0.25], [282, -0.1]]),
+    "probabilities rising": valid([[281, 0.1], [285, 0.25], [282, 0.5]]),
+    "NaN": b'{"v":2,"p":[[281,NaN],[285,0.25],[282,0.1]]}',
+    "Infinity": b'{"v":2,"p":[[281,Infinity],[285,0.25],[282,0.1]]}',
+    "deep nesting": b"[" * 100_000,
+    "too large": b'{"v":2,"p":[' + b"[1,0.1]," * (codec.MAX_VALUE_BYTES // 8) + b"]}",
+    "pickle": pickle.dumps(ANSWER),
+    "not bytes": "a string",
+}
 
 
-def test_random_bytes_never_make_the_codec_raise() -> None:
+@pytest.mark.parametrize("value", GARBAGE.values(), ids=GARBAGE.keys())
+def test_a_value_that_is_not_an_answer_of_the_model_to_the_request_is_a_miss(value: bytes) -> None:
+    assert codec.decode(value, model_info(), 3) is None
+
+
+def test_a_value_is_checked_against_the_request_and_the_model() -> None:
+    value = codec.encode(ANSWER)  # three predictions
+    assert codec.decode(value, model_info(), 3) is not None
+    assert codec.decode(value, model_info(), 5) is None, "another top_k"
+    assert codec.decode(value, dataclasses.replace(model_info(), labels=LABELS[:282]), 3) is None, "fewer classes"
+    assert codec.decode(value, dataclasses.replace(model_info(), labels=()), 3) is None, "labels not known"
+    three_classes = dataclasses.replace(model_info(), labels=("a", "b", "c"))
+    few = Answer(200, predictions=((2, "c", 0.5), (0, "a", 0.3), (1, "b", 0.2)), model="m", engine="e")
+    assert codec.decode(codec.encode(few), three_classes, 5) is not None, "top_k beyond the classes: all of them"
+
+
+def test_random_bytes_never_make_the_codec_raise_nor_give_what_the_model_cannot_answer() -> None:
     rng = random.Random(0)
-    valid = codec.encode(ANSWER)
-    for _ in range(2000):
-        mutated = bytearray(valid)
+    value, model = codec.encode(ANSWER), model_info()
+    for _ in range(3000):
+        mutated = bytearray(value)
         for _ in range(rng.randint(1, 4)):
             mutated[rng.randrange(len(mutated))] = rng.randrange(256)
-        decoded = codec.decode(bytes(mutated))
-        assert decoded is None or decoded.status_code == 200
-        assert codec.decode(rng.randbytes(rng.randint(0, 64))) is None
+        decoded = codec.decode(bytes(mutated), model, 3)
+        if decoded is not None:
+            assert decoded.status_code == 200 and len(decoded.predictions) == 3
+            assert all(label == LABELS[index] and 0 <= p <= 1 for index, label, p in decoded.predictions)
+        assert codec.decode(rng.randbytes(rng.randint(0, 64)), model, 3) is None
 
 
 # -- memory tier ---------------------------------------------------------------------------------------
@@ -226,12 +261,12 @@ def test_a_hit_is_a_new_answer_each_time() -> None:
     (key,) = cache.keys([b"photo"], route(), 5)
     cache.store(key, ANSWER)
 
-    first, second = asyncio.run(cache.lookup([key])), asyncio.run(cache.lookup([key]))
+    first, second = asyncio.run(cache.lookup([key], model_info(), 3)), asyncio.run(cache.lookup([key], model_info(), 3))
     assert first[0] == second[0] == Answer(200, predictions=PREDICTIONS, model="resnet18", engine="onnxruntime")
     assert first[0] is not second[0]
     first[0].timings_ms["cache"] = 0.1  # what a caller does with its answer
     assert second[0].timings_ms == {}
-    assert asyncio.run(cache.lookup([key]))[0].timings_ms == {}
+    assert asyncio.run(cache.lookup([key], model_info(), 3))[0].timings_ms == {}
 
 
 @pytest.mark.parametrize(
@@ -241,13 +276,15 @@ def test_a_hit_is_a_new_answer_each_time() -> None:
         Answer(400, detail="not an image"),
         Answer(504, detail="deadline"),
         Answer(200, predictions=None),
+        # No answer the server makes is an error with predictions; were one made, it is not kept either.
+        Answer(503, predictions=PREDICTIONS, model="resnet18", engine="onnxruntime", detail="busy"),
     ],
 )
 def test_only_a_200_with_predictions_is_stored(answer: Answer) -> None:
     cache = ResponseCache(1 << 20)
     cache.store("k", answer)
     assert cache.memory.entries == 0
-    assert asyncio.run(cache.lookup(["k"])) == [None]
+    assert asyncio.run(cache.lookup(["k"], model_info(), 3)) == [None]
 
 
 def test_lookups_count_hits_by_tier_and_misses_per_image() -> None:
@@ -257,7 +294,7 @@ def test_lookups_count_hits_by_tier_and_misses_per_image() -> None:
         sample("vision_serve_response_cache_hits_total", {"tier": "memory"}),
         sample("vision_serve_response_cache_misses_total"),
     )
-    answers = asyncio.run(cache.lookup(["a", "b", "a", "c"]))
+    answers = asyncio.run(cache.lookup(["a", "b", "a", "c"], model_info(), 3))
     assert [answer is not None for answer in answers] == [True, False, True, False]
     assert sample("vision_serve_response_cache_hits_total", {"tier": "memory"}) == hits + 2
     assert sample("vision_serve_response_cache_misses_total") == misses + 2
@@ -268,6 +305,7 @@ def test_lookups_count_hits_by_tier_and_misses_per_image() -> None:
         "bytes": cache.memory.bytes_used,
         "hits": 2,
         "misses": 2,
+        "rejected": 0,
         "redis": None,
     }
 
@@ -315,3 +353,20 @@ def test_the_breaker_allows_one_trial_per_wait_while_open() -> None:
     now[0] += 5.1
     assert breaker.allows()
     assert breaker.succeeded() is True and breaker.closed and breaker.allows()
+
+
+def test_a_failed_trial_keeps_the_breaker_open_a_whole_wait_from_its_failure() -> None:
+    """A trial's call can fail long after it began (a stalled Redis answers nothing until the timeout):
+    the next trial must wait ``retry_after_s`` from that failure, not from the trial's start, or a call
+    slower than the wait would be followed by another at once."""
+    now = [100.0]
+    breaker = Breaker(5.0, clock=lambda: now[0])
+    breaker.failed()
+    now[0] += 5.0
+    assert breaker.allows(), "the trial, at 105"
+    now[0] += 3.0
+    assert breaker.failed() is False, "it fails at 108"
+    now[0] += 4.0
+    assert not breaker.allows(), "at 112: 7 s after the trial began, only 4 s after it failed"
+    now[0] += 1.0
+    assert breaker.allows(), "at 113: the wait from the failure is over"

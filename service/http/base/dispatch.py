@@ -14,6 +14,7 @@ import functools
 import itertools
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from preprocessing.errors import ImageDecodeError
 from preprocessing.probe import check_image_header
@@ -30,7 +31,8 @@ from service.errors import (
 from service.http.base.admission import AdmissionGate
 from service.http.base.departure import Departure
 from service.http.base.worker_watch import WorkerWatch
-from service.http.cache.front import classify_through
+from service.http.cache.front import Lookup, keep, look_up
+from service.http.cache.keys import model_fingerprint
 from service.http.cache.response_cache import ResponseCache
 from service.logs import REQUEST_ID
 from service.metrics import metrics
@@ -58,6 +60,14 @@ def header_error(image: bytes, max_image_pixels: int) -> Answer | None:
     except ServiceError as exc:
         return answer_for(exc)
     return None
+
+
+class Classified(NamedTuple):
+    """What ``ImageDispatcher.classify`` gives back."""
+
+    answers: list[Answer]  # in input order
+    total_ms: float  # from the cache lookup or admission to the last answer
+    route: VersionRoute | None  # the version that answered (None: any worker of a one-model server)
 
 
 # The answer of an image whose client left before it was ready: nobody reads it, but the access log
@@ -98,12 +108,20 @@ class ImageDispatcher:
         top_k: int,
         route: VersionRoute | None = None,
         departure: Departure | None = None,
-    ) -> tuple[list[Answer], float]:
-        """Each image's ``Answer`` in input order, and the milliseconds from admission to the last one.
+        *,
+        pinned: bool = False,
+    ) -> Classified:
+        """Each image's ``Answer`` in input order, the milliseconds from admission to the last one,
+        and the version that answered.
 
-        With a response cache, the images it has answers for are answered from it, before any
-        admission or decode (service/http/cache/front.py), and the others' answers are kept.
+        The steps, each calling down: look the images up in the response cache (if any: hits are
+        answered before any admission or decode, service/http/cache/front.py); check ``route`` against
+        the routing table again, since the lookup may have waited on Redis while a load or unload
+        retired its version (``route_now``); admit and send the misses to that version's workers;
+        keep their answers in the cache.
         ``route``: the model version to run (``None``: any ready worker, for a one-model server).
+        ``pinned``: the request named that version; if it is retired meanwhile the request gets 404,
+        where an unpinned one runs on the model's latest version.
         ``departure``: told when the client leaves; its images not answered yet are then dropped by
         their workers, and this raises ``ClientClosed`` (499). Cancelling the call drops them too.
         Raises ``ServiceError`` 503 (retry later) when no worker is ready or the images do not fit
@@ -111,9 +129,34 @@ class ImageDispatcher:
         gets a 504 ``Answer``.
         """
         cache = self.cache
-        if cache is not None and route is not None:
-            return await classify_through(cache, self._admit_and_run, images, top_k, route, departure)
-        return await self._admit_and_run(images, top_k, route, departure)
+        if cache is None or route is None:
+            answers, total_ms = await self._admit_and_run(images, top_k, route, departure)
+            return Classified(answers, total_ms, route)
+        lookup = await look_up(cache, images, top_k, route)
+        missing = lookup.missing
+        if not missing:
+            metrics().observe_stages({"total": lookup.ms})
+            return Classified(lookup.answers, lookup.ms, route)  # type: ignore[arg-type]  (no None left)
+        # No await from here to the submit: the version the misses are sent to is the one served now.
+        route = self.route_now(route, pinned)
+        if model_fingerprint(route) != model_fingerprint(lookup.route):
+            # Another version answers: its own keys, and none of the old one's hits.
+            lookup = Lookup(route, cache.keys(images, route, top_k), [None] * len(images), lookup.ms)
+            missing = list(range(len(images)))
+        ran, total_ms = await self._admit_and_run([images[index] for index in missing], top_k, route, departure)
+        return Classified(keep(cache, lookup, missing, ran), lookup.ms + total_ms, route)
+
+    def route_now(self, route: VersionRoute, pinned: bool = False) -> VersionRoute:
+        """``route`` if the table this process follows still serves its version with the same workers;
+        else the version a request for it would get now (``pinned``: that very version, else the
+        model's latest), or ``ServiceError`` 404 when there is none."""
+        watch = self.watch
+        if watch is None:
+            raise Unavailable("The server is starting; retry shortly.")
+        served = watch.table.models.get(route.name, {}).get(route.version)
+        if served is not None and served.workers == route.workers:
+            return route
+        return watch.table.resolve(route.name, route.version if pinned else None)
 
     async def _admit_and_run(
         self, images: Sequence[bytes], top_k: int, route: VersionRoute | None, departure: Departure | None

@@ -1,8 +1,12 @@
-"""The cached value: a 200 ``Answer``'s predictions, model and engine as compact JSON.
+"""The cached value: a 200 ``Answer``'s class indices and probabilities, as compact JSON.
 
-Never pickle: a Redis shared by several servers (or reachable by anyone else) must not be able to make
-a server run code by what it stores. A value that does not decode to exactly this shape is a miss
-(``None``), never an exception: it may come from another version of the server, or from anyone.
+A value read back is untrusted input: a Redis shared by several servers (or reachable by anyone
+else) may hold anything, and a value may come from another version of the server. So it is never
+pickle (reading it must not run code), it holds only what the model's own facts cannot give (the
+labels, model name and engine come from the route that answers: a planted label cannot be served),
+and ``decode`` checks it against the model and the request: exactly as many predictions as ``top_k``
+asks of this model, each a distinct class index of the model, probabilities finite, in [0, 1] and in
+descending order. Anything else, and any exception on the way, is a miss (``None``), never an error.
 """
 
 from __future__ import annotations
@@ -10,52 +14,56 @@ from __future__ import annotations
 import json
 import math
 
+from service.model_info import ModelInfo
 from service.wire import Answer, Prediction
 
-VERSION = 1
-# Far above any real value (top_k entries of an index, a label and a float); a larger one is not ours.
-MAX_VALUE_BYTES = 1 << 20
+VERSION = 2
+# Far above any real value (top_k <= 1,000 pairs of an index and a float); a larger one is not ours.
+MAX_VALUE_BYTES = 64 * 1024
 
 
 def encode(answer: Answer) -> bytes:
     """``answer``'s cached form; only for a 200 with predictions."""
     if answer.status_code != 200 or answer.predictions is None:
         raise ValueError(f"only a 200 answer with predictions is cached, got status {answer.status_code}")
-    value = {
-        "v": VERSION,
-        "m": answer.model,
-        "e": answer.engine,
-        "p": [[int(index), str(label), float(probability)] for index, label, probability in answer.predictions],
-    }
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    value = {"v": VERSION, "p": [[int(index), float(probability)] for index, _, probability in answer.predictions]}
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
-def decode(value: bytes) -> Answer | None:
-    """A new ``Answer`` from ``value`` (its ``timings_ms`` a new dict: callers add to it), or ``None``
-    when ``value`` is not a value ``encode`` made."""
-    if not isinstance(value, (bytes, bytearray)) or len(value) > MAX_VALUE_BYTES:
-        return None
+def decode(value: object, model: ModelInfo, top_k: int) -> Answer | None:
+    """A new ``Answer`` (its ``timings_ms`` a new dict: callers add to it) from ``value`` for ``model``
+    asked for ``top_k`` labels, or ``None`` when ``value`` is not what ``encode`` makes for them."""
     try:
-        parsed = json.loads(value)
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        predictions = _predictions(value, model.labels, top_k)
+    except Exception:  # whatever an untrusted value makes the checks raise, it is a miss
         return None
-    if not isinstance(parsed, dict) or parsed.get("v") != VERSION:
+    if predictions is None:
         return None
-    model, engine, listed = parsed.get("m"), parsed.get("e"), parsed.get("p")
-    if not isinstance(model, str) or not isinstance(engine, str) or not isinstance(listed, list):
-        return None
-    predictions = [_prediction(item) for item in listed]
-    if any(prediction is None for prediction in predictions):
-        return None
-    return Answer(200, predictions=tuple(predictions), model=model, engine=engine, batch_size=0, timings_ms={})
+    return Answer(200, predictions=predictions, model=model.model, engine=model.engine, batch_size=0, timings_ms={})
 
 
-def _prediction(item: object) -> Prediction | None:
-    if not isinstance(item, list) or len(item) != 3:
+def _predictions(value: object, labels: tuple[str, ...], top_k: int) -> tuple[Prediction, ...] | None:
+    if not isinstance(value, (bytes, bytearray)) or len(value) > MAX_VALUE_BYTES or not labels:
         return None
-    index, label, probability = item
-    if type(index) is not int or not isinstance(label, str):  # bool is an int: not an index
+    parsed = json.loads(value)
+    if not isinstance(parsed, dict) or parsed.keys() != {"v", "p"} or parsed["v"] != VERSION:
         return None
-    if type(probability) not in (int, float) or not math.isfinite(probability):
+    listed = parsed["p"]
+    if not isinstance(listed, list) or len(listed) != min(top_k, len(labels)):
         return None
-    return index, label, float(probability)
+    predictions, seen, previous = [], set(), 1.0
+    for item in listed:
+        if not isinstance(item, list) or len(item) != 2:
+            return None
+        index, probability = item
+        if type(index) is not int or not 0 <= index < len(labels) or index in seen:  # bool is an int: not an index
+            return None
+        if type(probability) not in (int, float):
+            return None
+        probability = float(probability)  # OverflowError for a huge integer: a miss like the rest
+        if not math.isfinite(probability) or not 0.0 <= probability <= previous:
+            return None
+        seen.add(index)
+        previous = probability
+        predictions.append((index, labels[index], probability))
+    return tuple(predictions)

@@ -1,12 +1,13 @@
-"""The response cache in front of the workers: hits are answered at once, only the misses are
-classified, and their answers kept for next time."""
+"""The response cache in front of the workers, as two steps of a request's way through the dispatcher
+(service/http/base/dispatch.py): ``look_up`` before admission (hits are answered at once), ``keep``
+once the misses have run."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from service.http.base.departure import Departure
 from service.http.cache.response_cache import ResponseCache
 from service.metrics import metrics
 from service.repository.table import VersionRoute
@@ -16,43 +17,51 @@ from service.wire import Answer
 # The stage a hit's ``timings_ms`` (and so its Server-Timing header) holds: the lookup's milliseconds.
 CACHE_STAGE = "cache"
 
-Classify = Callable[[Sequence[bytes], int, VersionRoute, "Departure | None"], Awaitable[tuple[list[Answer], float]]]
-
 
 def from_cache(answer: Answer) -> bool:
     """Whether ``answer`` came from the cache (``X-Cache: hit``)."""
     return CACHE_STAGE in answer.timings_ms
 
 
-async def classify_through(
-    cache: ResponseCache,
-    classify: Classify,
-    images: Sequence[bytes],
-    top_k: int,
-    route: VersionRoute,
-    departure: Departure | None,
-) -> tuple[list[Answer], float]:
-    """Each image's ``Answer``, from the cache where it has one, else from ``classify`` (then kept);
-    and the milliseconds to the last one. A request of hits only is never admitted nor queued."""
+@dataclass
+class Lookup:
+    """What the cache had for a request's images: ``answers[i]`` for image ``i`` (``None``: a miss),
+    under ``keys[i]`` of ``route``'s model; ``ms``: how long the lookup took."""
+
+    route: VersionRoute
+    keys: list[str]
+    answers: list[Answer | None]
+    ms: float
+
+    @property
+    def missing(self) -> list[int]:
+        """The indices of the images the cache had no answer for, in input order."""
+        return [index for index, answer in enumerate(self.answers) if answer is None]
+
+
+async def look_up(cache: ResponseCache, images: Sequence[bytes], top_k: int, route: VersionRoute) -> Lookup:
+    """Each image's answer from the cache where it has one (its ``timings_ms`` holds the lookup's
+    milliseconds), counted as answered by ``route``'s model."""
     started = time.monotonic()
     keys = cache.keys(images, route, top_k)
     with stage_span(CACHE_STAGE):  # traced requests (service/tracing/)
-        answers = await cache.lookup(keys)
+        answers = await cache.lookup(keys, route.model, top_k)
     lookup_ms = (time.monotonic() - started) * 1e3
-    missing = []
-    for index, answer in enumerate(answers):
-        if answer is None:
-            missing.append(index)
-        else:
+    hits = 0
+    for answer in answers:
+        if answer is not None:
             answer.timings_ms[CACHE_STAGE] = lookup_ms
-    hits = len(images) - len(missing)
+            hits += 1
     if hits:
         metrics().count_model_answers(route.name, route.version, [200] * hits)
-    if not missing:
-        metrics().observe_stages({"total": lookup_ms})
-        return answers, lookup_ms  # type: ignore[return-value]  (no None left)
-    ran, total_ms = await classify([images[index] for index in missing], top_k, route, departure)
+    return Lookup(route, keys, answers, lookup_ms)
+
+
+def keep(cache: ResponseCache, lookup: Lookup, missing: Sequence[int], ran: Sequence[Answer]) -> list[Answer]:
+    """Every image's answer in input order: the hits, and ``ran[j]`` for image ``missing[j]``, which is
+    kept for next time (only a 200 is)."""
+    answers = list(lookup.answers)
     for index, answer in zip(missing, ran, strict=True):
         answers[index] = answer
-        cache.store(keys[index], answer)  # only a 200 is kept
-    return answers, lookup_ms + total_ms  # type: ignore[return-value]
+        cache.store(lookup.keys[index], answer)
+    return answers  # type: ignore[return-value]  (no None left)

@@ -1,6 +1,6 @@
 """The response cache's keys: which model answered, which image, which ``top_k``.
 
-A key is ``vs1:<model fingerprint>:<top_k>:<sha256 of the image's bytes>``. The fingerprint digests the
+A key is ``vs2:<model fingerprint>:<top_k>:<sha256 of the image's bytes>``. The fingerprint digests the
 route's name, version and what its ``ModelInfo`` says that can change an answer (``answer_identity``;
 for an artifact: the manifest's ``compiled_at``, ``cache_key``, ``weights_sha256`` ...), so a model
 swapped or reloaded under another version or another build never shares a key with the one before it.
@@ -9,7 +9,7 @@ model and ``top_k``, and they share Redis entries.
 
 What is cached under a key is the model's answer (its predictions), not a response body: each protocol
 (/predict, the Open Inference Protocol over HTTP and gRPC) renders it itself, so the output form is no
-part of the key. ``vs1`` names the value's encoding (codec.py): a new encoding takes a new prefix.
+part of the key. ``vs2`` names the value's encoding (codec.py): a new encoding takes a new prefix.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 
 from service.repository.table import VersionRoute
 
-KEY_PREFIX = "vs1"
+KEY_PREFIX = "vs2"
 # ModelInfo fields (and an artifact's facts) that do not change an answer.
 NOT_IN_FINGERPRINT = frozenset({"max_batch_size", "batch_timeout_ms", "preprocess_reason"})
 NOT_IN_ARTIFACT_FINGERPRINT = frozenset({"directory", "batch", "validation"})

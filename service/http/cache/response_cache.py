@@ -9,6 +9,7 @@ from service.http.cache import codec
 from service.http.cache.keys import cache_key, model_fingerprint
 from service.http.cache.memory import MemoryCache
 from service.metrics import metrics
+from service.model_info import ModelInfo
 from service.repository.table import VersionRoute
 from service.settings import ServeSettings
 from service.wire import Answer
@@ -32,6 +33,8 @@ class ResponseCache:
         # answered it; the Prometheus counters add up every process.
         self.hits = {"memory": 0, "redis": 0}
         self.misses = 0
+        # Values read back that failed the checks against the model and the request (misses too).
+        self.rejected = {"memory": 0, "redis": 0}
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> ResponseCache | None:
@@ -55,17 +58,24 @@ class ResponseCache:
         fingerprint = model_fingerprint(route)
         return [cache_key(image, fingerprint, top_k) for image in images]
 
-    async def lookup(self, keys: Sequence[str]) -> list[Answer | None]:
+    async def lookup(self, keys: Sequence[str], model: ModelInfo, top_k: int) -> list[Answer | None]:
         """Each key's cached answer (a new ``Answer`` each time: callers may change its ``timings_ms``),
-        ``None`` for a miss."""
-        answers = [self._decoded(self.memory.get(key)) for key in keys]
-        memory_hits = sum(answer is not None for answer in answers)
-        redis_hits = 0
+        ``None`` for a miss; ``keys`` are those of ``model``'s answers with ``top_k`` labels, against
+        which every value read back is checked (codec.py): one that fails is a miss, counted."""
+        answers: list[Answer | None] = [None] * len(keys)
+        memory_hits = redis_hits = 0
+        for index, key in enumerate(keys):
+            value = self.memory.get(key)
+            if value is not None:
+                answers[index] = self._checked(value, model, top_k, "memory")
+                memory_hits += answers[index] is not None
         missing = [index for index, answer in enumerate(answers) if answer is None]
         if missing and self.redis is not None:
             values = await self.redis.get_many([keys[index] for index in missing])
             for index, value in zip(missing, values, strict=True):
-                answer = self._decoded(value)
+                if value is None:
+                    continue
+                answer = self._checked(value, model, top_k, "redis")
                 if answer is not None:
                     answers[index] = answer
                     self.memory.put(keys[index], value)
@@ -92,6 +102,7 @@ class ResponseCache:
             "bytes": self.memory.bytes_used,
             "hits": sum(self.hits.values()),
             "misses": self.misses,
+            "rejected": sum(self.rejected.values()),
             "redis": self.redis.describe() if self.redis is not None else None,
         }
 
@@ -99,9 +110,12 @@ class ResponseCache:
         if self.redis is not None:
             await self.redis.close()
 
-    @staticmethod
-    def _decoded(value: bytes | None) -> Answer | None:
-        return codec.decode(value) if value is not None else None
+    def _checked(self, value: bytes, model: ModelInfo, top_k: int, tier: str) -> Answer | None:
+        answer = codec.decode(value, model, top_k)
+        if answer is None:
+            self.rejected[tier] += 1
+            metrics().cache_rejected_in(tier).inc()
+        return answer
 
     def _count(self, memory_hits: int, redis_hits: int, misses: int) -> None:
         self.hits["memory"] += memory_hits

@@ -230,7 +230,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             route = self.dispatcher.route(request.model_name, request.model_version)
             with stage_span("parse"):
                 call = parse_grpc_request(request, self.limits.max_images_per_request)
-            answers, _ = await run_infer(self.dispatcher, call, self.limits.max_image_pixels, route)
+            answers, _, route = await run_infer(
+                self.dispatcher, call, self.limits.max_image_pixels, route, pinned=bool(request.model_version)
+            )
             with stage_span("answer"):
                 tensors = build_outputs(call, answers)
         except ServiceError as exc:

@@ -209,10 +209,12 @@ class OipInferEndpoint:
                 self.limits.max_body_bytes,
             )
             call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
-        # Again once the body is in (a swap may have come meanwhile); no await until the submit.
+        # Again once the body is in (a swap may have come meanwhile; the dispatcher checks it once more
+        # after a cache lookup that waited).
         route = self.dispatcher.route(name, version)
-        answers, total_ms = await run_infer(
-            self.dispatcher, call, self.limits.max_image_pixels, route, departure_of(request.scope)
+        departure = departure_of(request.scope)
+        answers, total_ms, route = await run_infer(
+            self.dispatcher, call, self.limits.max_image_pixels, route, departure, pinned=bool(version)
         )
         with stage_span("answer"):
             content, header_length = encode_infer_response(

@@ -114,13 +114,16 @@ class PredictEndpoint:
         with stage_span("parse"):
             parsed = await read_predict_request(request, self.limits)
         # Again once the body is in: a swap during a slow upload may have retired the version's
-        # workers. From here to the submit there is no await, so no table change comes between.
+        # workers (the dispatcher checks it once more after a cache lookup that waited).
         route = self.dispatcher.route(model, version)
         departure = departure_of(request.scope)
+        pinned = bool(version)
         if not parsed.many:
             image = parsed.images[0]
             check_header(image, self.limits.max_image_pixels)
-            (answer,), total_ms = await self.dispatcher.classify([image], parsed.top_k, route, departure)
+            (answer,), total_ms, route = await self.dispatcher.classify(
+                [image], parsed.top_k, route, departure, pinned=pinned
+            )
             with stage_span("answer"):
                 response = render(answer, total_ms, route.version)
             if self.dispatcher.cache is not None:
@@ -132,7 +135,9 @@ class PredictEndpoint:
         to_run = [i for i, item in enumerate(answers) if isinstance(item, bytes)]
         total_ms = 0.0
         if to_run:
-            ran, total_ms = await self.dispatcher.classify([answers[i] for i in to_run], parsed.top_k, route, departure)
+            ran, total_ms, route = await self.dispatcher.classify(
+                [answers[i] for i in to_run], parsed.top_k, route, departure, pinned=pinned
+            )
             for i, answer in zip(to_run, ran, strict=True):
                 answers[i] = answer
                 metrics().observe_stages(answer.timings_ms)

@@ -160,12 +160,12 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None) -> Serv
     worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
     preprocess, reason = resolve_preprocess_backend(settings.preprocess, worker_device)
     if manifest is not None:
-        spec, labels_source = manifest.preprocess, manifest.labels_source
+        spec, labels_source, labels = manifest.preprocess, manifest.labels_source, manifest.labels
         weights, engine = manifest.weights_source, manifest.engine_name
     else:
         # Fail fast on a bad name, labels file or model file, before spawning workers.
         entry = resolve_model(ModelRequest.from_settings(settings))
-        spec, labels_source = entry.preprocess, entry.labels_source
+        spec, labels_source, labels = entry.preprocess, entry.labels_source, entry.labels
         weights, engine = settings.weights, eager_engine_name(entry.family)
         settings = dataclasses.replace(settings, name=entry.name)
     model = ModelInfo(
@@ -181,6 +181,7 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None) -> Serv
         batch_timeout_ms=settings.batch_timeout_ms,
         artifact=None if manifest is None else artifact_facts(settings.artifact, manifest),
         source=settings.model,
+        labels=labels,
     )
     workers = (1 if accelerator == "cpu" else devices) * settings.workers_per_device
     settings = dataclasses.replace(
