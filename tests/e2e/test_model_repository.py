@@ -9,13 +9,19 @@ of tests/finetuned.py as ``pets``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -28,6 +34,7 @@ from tritonclient.utils import InferenceServerException
 from service.client.launcher import ServerProcess, free_port
 from tests.conftest import inference_workers
 from tests.finetuned import LABELS, make_finetuned
+from tests.worker_hold import in_flight, wait_until
 
 # Two compiles, a fine-tune, one server and about five loads of 10-20 s each on 2 cores.
 pytestmark = pytest.mark.slow
@@ -274,6 +281,75 @@ def test_a_worker_started_by_a_load_is_restarted_when_it_dies(server, repository
     image, expected = finetuned.held_back[0]
     assert predict(server, image, "?model=pets").json()["predictions"][0]["label"] == expected
     assert predict(server, coffee_jpeg).json()["predictions"][0]["label"] == "espresso"
+
+
+# How long the unload is watched while its workers are held: far longer than it takes to stop a worker
+# (SIGTERM, then SIGKILL 5 s later), far shorter than the drain deadline (--request-timeout-s 120).
+UNLOAD_WATCH_S = 10.0
+SIGNALS_THAT_END = (signal.SIGTERM, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def held(pids: list[int]) -> Iterator[None]:
+    """These processes stopped (SIGSTOP) for the block, resumed after it (those still there)."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def told_to_end(pid: int) -> bool:
+    """Whether a held process was sent SIGTERM or SIGKILL (pending until it runs again), or is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("State", "").strip().startswith(("Z", "X")):
+        return True
+    pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    return any(pending & (1 << (number - 1)) for number in SIGNALS_THAT_END)
+
+
+def test_a_request_in_flight_during_an_unload_gets_its_answer(server, repository) -> None:
+    """An unload drains its model's workers: a request they hold when it is called still gets its 200,
+    and the call returns once they answered it. The existing unload test sees only that the workers are
+    gone, which they also are when terminated. The workers are held (SIGSTOP) while the request is
+    queued and the unload takes the model out of the routing table, so that the request is unanswered
+    when the unload reaches them, whatever the machine's speed; a worker stopped instead of drained is
+    told so then (its SIGTERM waits while it is held). No event marks a drain's wait: it is watched for
+    UNLOAD_WATCH_S."""
+    _, finetuned = repository
+    image, expected = finetuned.held_back[0]
+    admin = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=600)
+    workers = [process.pid for process in inference_workers(server)]
+    calls = ThreadPoolExecutor(2)
+    try:
+        with held(workers):
+            answer = calls.submit(predict, server, image, "?model=pets")
+            wait_until(lambda: in_flight(server.url) >= 1, "the pets request is admitted")
+            unload = f"{server.url}/v2/repository/models/pets/unload"
+            unloaded = calls.submit(httpx.post, unload, headers=ADMIN, timeout=300)
+            ready = f"{server.url}/v2/models/pets/ready"
+            wait_until(lambda: httpx.get(ready, timeout=10).status_code == 404, "pets is out of the routing table")
+            deadline = time.monotonic() + UNLOAD_WATCH_S
+            while time.monotonic() < deadline and not unloaded.done():
+                assert not any(told_to_end(pid) for pid in workers), "a worker holding a request was stopped"
+                time.sleep(0.05)
+            assert not unloaded.done(), "the unload returned while its worker still held a request"
+        response = answer.result(timeout=120)
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "pets" and response.json()["predictions"][0]["label"] == expected
+        assert unloaded.result(timeout=120).status_code == 200  # once the drained worker is gone
+    finally:
+        calls.shutdown(wait=False)
+    assert predict(server, image, "?model=pets").status_code == 404
+    admin.load_model("pets", headers=headers(ADMIN))  # as the other tests expect it
+    assert predict(server, image, "?model=pets").json()["predictions"][0]["label"] == expected
 
 
 def restarted(server) -> bool:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from compile.sample_photos import sample_photo_file
 from service.client.launcher import ServerProcess
 from tests.redis_server import running_redis
 
@@ -79,6 +80,75 @@ def test_another_top_k_is_another_answer_and_errors_are_never_kept(redis_url_and
         failed = predict(server.url, corrupt)
         assert 400 <= failed.status_code < 500, failed.text
         assert failed.headers.get("x-cache", "miss") == "miss"
+
+
+def predict_many(url: str, images: list[bytes]) -> httpx.Response:
+    files = [("image", (f"{index}.jpg", image, "image/jpeg")) for index, image in enumerate(images)]
+    return httpx.post(f"{url}/predict", files=files, timeout=60)
+
+
+def top1(answer: dict) -> tuple[str, float]:
+    best = answer["predictions"][0]
+    return best["label"], best["probability"]
+
+
+def test_a_request_of_cached_and_new_images_gets_each_answer_in_its_place(
+    redis_url_and_servers, chelsea_jpeg, coffee_jpeg
+) -> None:
+    """A request whose images are partly in the cache is answered in two parts, the hits from the cache
+    and the others by the model, merged back in input order: each image must get its own answer, and
+    each answer the model gave be kept under its own image's key (a request of the same images is then
+    all hits, still in place). Four pictures of four different classes, cached and new ones alternating."""
+    _, (server, _) = redis_url_and_servers
+    pictures = [chelsea_jpeg, coffee_jpeg, sample_photo_file("astronaut"), sample_photo_file("rocket")]
+    # Bytes after a JPEG's end are ignored by its decoder: the same picture under a key of its own.
+    expected = []
+    for picture in pictures:
+        alone = predict(server.url, picture + b"alone")
+        assert alone.status_code == 200 and alone.headers["x-cache"] == "miss"
+        expected.append(top1(alone.json()))
+    assert len({label for label, _ in expected}) == len(pictures), expected
+    images = [picture + b"mixed" for picture in pictures]
+    for index in (0, 2):
+        assert predict(server.url, images[index]).headers["x-cache"] == "miss"  # now cached
+
+    before = cache_counts(server.url)
+    mixed = predict_many(server.url, images)
+    assert mixed.status_code == 200 and mixed.headers["x-cache"] == "miss", "two of its images ran"
+    counts = cache_counts(server.url)
+    assert (counts["memory"] - before["memory"], counts["miss"] - before["miss"]) == (2, 2)
+    again = predict_many(server.url, images)
+    assert again.status_code == 200 and again.headers["x-cache"] == "hit"
+    assert cache_counts(server.url)["memory"] - counts["memory"] == 4
+    for response in (mixed, again):
+        results = response.json()["results"]
+        assert [result["status_code"] for result in results] == [200] * len(pictures)
+        answered = [top1(result) for result in results]
+        assert [label for label, _ in answered] == [label for label, _ in expected]
+        assert [probability for _, probability in answered] == pytest.approx([p for _, p in expected], abs=1e-3)
+
+
+def test_an_image_that_failed_is_run_again_beside_a_hit_never_answered_from_the_cache(
+    redis_url_and_servers, coffee_jpeg
+) -> None:
+    """Only 200s are kept: in a request that repeats a good image and a corrupt one, the good one is a
+    hit and the corrupt one runs again (a miss, its own 4xx again), never answered from the cache."""
+    _, (server, _) = redis_url_and_servers
+    good = coffee_jpeg + b"beside-a-failure"  # a key of its own (see above)
+    corrupt = coffee_jpeg[:2000] + bytes(len(coffee_jpeg) - 2000)  # a valid header, no pixel data
+    first = predict_many(server.url, [good, corrupt])
+    assert first.status_code == 200 and first.headers["x-cache"] == "miss"
+    before = cache_counts(server.url)
+    second = predict_many(server.url, [good, corrupt])
+    assert second.status_code == 200 and second.headers["x-cache"] == "miss", "the corrupt image ran again"
+    counts = cache_counts(server.url)
+    assert (counts["memory"] - before["memory"], counts["redis"] - before["redis"]) == (1, 0)
+    assert counts["miss"] - before["miss"] == 1
+    for response in (first, second):
+        good_result, failed = response.json()["results"]
+        assert good_result["status_code"] == 200 and top1(good_result)[0] == "espresso"
+        assert 400 <= failed["status_code"] < 500 and "predictions" not in failed, failed
+    assert second.json()["results"][1] == first.json()["results"][1]
 
 
 def test_a_dead_or_stalled_redis_is_a_miss_never_an_error_or_a_stall(tmp_path, chelsea_jpeg) -> None:

@@ -113,21 +113,30 @@ def test_onnx_int8_serves_the_held_photos_right(onnx_int8, tmp_path, chelsea_jpe
 
 
 def test_the_same_calibration_is_a_cache_hit_and_another_one_is_not(onnx_int8, calibration) -> None:
+    """The calibration set is part of the engine's cache key: a compile calibrated on another set must
+    build another engine, not be handed the one in the folder. The key is rebuilt from the plans with
+    what the manifest recorded of the rest (weights, versions, device, backend options), and first
+    checked to be the manifest's own for the same set: only the calibration differs between the two."""
     from compile.build import engine_cache_key, plan_compile, quantization_record
+    from compile.devices import describe_device
 
     before = read_manifest(onnx_int8)
     given = {"model": "efficientnet-lite0", "backend": "onnx", "device": "cpu", "precision": "int8"}
     same = compile_artifact(CompileSettings(**given, calibration=str(calibration), output=str(onnx_int8)))
     assert same.cached and same.manifest.cache_key == before.cache_key
+
+    def key_of(plan) -> str:
+        device = describe_device(plan.device)
+        return engine_cache_key(plan, before.weights_sha256, before.versions, device, before.backend_config)
+
+    built = plan_compile(CompileSettings(**given, calibration=str(calibration), output=str(onnx_int8)))
+    assert key_of(built) == before.cache_key, "the key rebuilt here must be the manifest's for the same set"
     # A sample of 100 of its images is another calibration set, so another engine (the plan tells).
     plan = plan_compile(CompileSettings(**given, calibration=str(calibration), calibration_count=100))
     record = quantization_record(plan)["calibration"]
     assert record["count"] == 100 and record["found"] == before.quantization["calibration"]["count"]
     assert record["sha256"] != before.quantization["calibration"]["sha256"]
-    device = {"type": before.device_type, "name": before.device_name, "capability": before.device_capability}
-    assert engine_cache_key(plan, before.weights_sha256, before.versions, device, before.backend_config) != (
-        before.cache_key
-    )
+    assert key_of(plan) != before.cache_key, "another calibration set gave the same engine cache key"
 
 
 @pytest.mark.slow

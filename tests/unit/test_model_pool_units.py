@@ -246,6 +246,18 @@ def test_an_unload_returns_only_once_the_old_workers_are_gone(pool: Pool) -> Non
     assert [e["state"] for e in pool.operations.index()] == ["UNAVAILABLE"]
 
 
+def test_an_unload_lets_the_old_workers_drain_instead_of_stopping_them(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gone is not enough: an unloaded model's workers must answer what they hold, so each exits of itself
+    once every HTTP process told it that it sends nothing more (exit code 0), and none is terminated.
+    Here they take 0.3 s to answer, far longer than the unload needs to reach them."""
+    monkeypatch.setitem(globals(), "DRAIN_EXIT_S", 0.3)  # read by FakeHttpProcesses.follow
+    old = [pool.litserve.processes[0], pool.litserve.processes[1]]
+    pool.operations.unload("pets")
+    assert [process.exitcode for process in old] == [0, 0], "exit code -15: terminated instead of drained"
+
+
 def test_a_failing_load_keeps_the_old_version_serving(pool: Pool) -> None:
     pool.litserve.schedule[2] = [0.01, "error"]
     with pytest.raises(

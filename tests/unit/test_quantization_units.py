@@ -92,6 +92,30 @@ def test_a_calibration_folder_is_read_recursively_and_sampled_with_a_seed(tmp_pa
     assert sample.describe() == {"source": str(tmp_path), "count": 3, "found": 6, "sha256": sample.digest}
 
 
+def test_the_engine_cache_key_covers_the_calibration_set(tmp_path) -> None:
+    """An int8 engine is as its calibration set made it: a compile calibrated on other images (a smaller
+    sample of the folder, or the same names with other pixels) must get another cache key, or it would be
+    handed the engine already in its output folder. All else that goes into the key is held the same, and
+    the same set planned twice gives the same key."""
+    from compile.build import engine_cache_key, plan_compile
+
+    folder = write_photos(tmp_path / "calibration", names=("chelsea", "coffee"))
+    evaluation = write_photos(tmp_path / "evaluation", names=("rocket",))  # quicker than the augmented samples
+    given = {"model": "efficientnet-lite0", "backend": "onnx", "device": "cpu", "precision": "int8"}
+    given |= {"gate_images": str(evaluation), "output": str(tmp_path / "out")}
+
+    def key(**settings: object) -> str:
+        plan = plan_compile(CompileSettings(**given, calibration=str(folder), **settings))
+        device = {"type": "cpu", "name": "cpu", "capability": "AVX2", "isa": "avx2"}
+        return engine_cache_key(plan, "ab" * 32, {"torch": "2.0"}, device, {"option": 1})
+
+    first = key()
+    assert key() == first, "the same set, planned again"
+    assert key(calibration_count=1) != first, "a sample of one of its two images"
+    (folder / "coffee.jpeg").write_bytes(encode(sample_array("astronaut"), "JPEG"))
+    assert key() != first, "the same names with other pixels"
+
+
 def test_the_digest_covers_names_and_contents() -> None:
     base = files_digest([("a.jpg", b"1"), ("b.jpg", b"2")])
     assert base == files_digest([("b.jpg", b"2"), ("a.jpg", b"1")])

@@ -3,17 +3,20 @@ collector's newest-first order while clients leave (service/worker/collector.py)
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import time
 from pathlib import Path
 
 import zmq
 
-from service.transport.channels import ChannelConfig, WorkerChannel
+from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
 from service.transport.worker_queue import WorkerQueue
 from service.wire import AbandonedRequests, ImageRequest, RequestBatch
 from service.worker.collector import LEAVING_FOR_S, BatchCollector
 from service.worker.contract import BatchPolicy
+
+TIMEOUT_S = 5.0
 
 
 def batch_of(api_server: int, uids: list[int], queued_at: float | None = None) -> RequestBatch:
@@ -43,6 +46,56 @@ def test_a_cancel_for_a_request_taken_already_is_forgotten_but_not_another_proce
     queue.cancel(1, [1])  # HTTP process 1 has sent nothing yet: its uid 1 is still to come
     queue.forget_matched()
     assert queue._cancelled == {(1, 1)}
+
+
+def test_a_cancel_names_a_request_of_its_own_http_process_only() -> None:
+    """Each HTTP process numbers its requests on its own, so two of them send the same uids: a cancel
+    from one must drop that process's request only, whether it is queued or still to come."""
+    queue = WorkerQueue()
+    queue.add(batch_of(0, [1, 2]))
+    queue.add(batch_of(1, [1, 2]))
+    assert queue.cancel(1, [2]) == 1, "only process 1's uid 2 was queued for this cancel"
+    assert queue.cancel(0, [3]) == 0, "received from neither process yet"
+    queue.forget_matched()
+    queue.add(batch_of(1, [3]))
+    queue.add(batch_of(0, [3]))
+    taken = [queue.take() for _ in range(len(queue))]
+    assert [(q.api_server, q.uid) for q in taken] == [(0, 1), (0, 2), (1, 1), (1, 3), (0, 3)]
+    assert [(q.api_server, q.uid) for q in taken if queue.abandoned(q)] == [(0, 3)]
+
+
+def test_a_cancel_through_the_channels_drops_its_own_http_process_s_request_only(tmp_path: Path) -> None:
+    """The same through the real channels: two HTTP processes send a worker requests with the same uids,
+    one of them abandons one; its cancel overtakes the requests, and the worker drops that process's
+    request alone."""
+    config = ChannelConfig(str(tmp_path), api_servers=2)
+
+    async def scenario() -> None:
+        apis = [ApiChannel(config, api_server) for api_server in range(2)]
+        worker = WorkerChannel(config, 0)
+        try:
+            for api in apis:
+                for uid in (1, 2):
+                    api.submit(0, uid, ImageRequest(f"{api.api_server}-{uid}".encode()))
+            await asyncio.sleep(0)  # the end of the turn: both flush their requests
+            apis[1].abandon([2])  # sent already: named on the worker's cancel channel at the next flush
+            await asyncio.sleep(0)
+            assert await asyncio.to_thread(worker._cancels.poll, TIMEOUT_S * 1000)
+            assert worker.read_cancels() == 1, "read before the worker took any request in"
+            received = [await asyncio.to_thread(worker.receive, TIMEOUT_S) for _ in range(4)]
+            assert None not in received
+            kept = worker.drop_abandoned(received)
+            assert sorted((q.api_server, q.uid, q.request.image) for q in kept) == [
+                (0, 1, b"0-1"),
+                (0, 2, b"0-2"),
+                (1, 1, b"1-1"),
+            ]
+        finally:
+            for api in apis:
+                api.close()
+            worker.close()
+
+    asyncio.run(scenario())
 
 
 def test_take_newest_and_take_expired() -> None:
