@@ -73,6 +73,29 @@ def probed_vec_isa() -> list[str]:
     return [capability.lower()] if capability not in ("DEFAULT", "") else []
 
 
+@functools.cache
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI): integer dot products that sum u8 x s8 pairs in
+    32 bits. Without it ONNX Runtime's int8 kernels sum pairs in 16 bits, which saturates with full-range
+    int8 weights (quantization/onnx_qdq.py then quantizes weights to 7 bits)."""
+    try:
+        flags = next(
+            (
+                line.split(":", 1)[1].split()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("flags")
+            ),
+            None,
+        )
+    except OSError:
+        flags = None
+    if flags is not None:
+        return "avx512_vnni" in flags or "avx_vnni" in flags
+    import torch.cpu
+
+    return bool(torch.cpu._is_vnni_supported())
+
+
 # CPU extensions torch can probe, by their /proc/cpuinfo name: the probe's name in torch.cpu (torch 2.11
 # onwards) or, in older releases, in torch._C._cpu.
 CPU_FEATURE_PROBES = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported"}

@@ -17,7 +17,7 @@ from compile.backends.base import (
     use_exact_fp32,
 )
 from compile.manifest import Manifest
-from compile.quantization.pt2e import ACTIVATION_OBSERVERS, check_pt2e, quantize_pt2e
+from compile.quantization.pt2e import ACTIVATION_OBSERVERS, check_pt2e, quantize_pt2e, reduced_range
 from compile.settings import CompileSettings
 from compile.unpacking import load_unpacked
 from compile.versions import package_version
@@ -49,6 +49,7 @@ class InductorBackend(CompileBackend):
             config["pt2e"] = {
                 "quantizer": "X86InductorQuantizer",
                 "activation_observer": ACTIVATION_OBSERVERS[method],
+                "reduce_range": reduced_range(),
                 "torchao": package_version("torchao"),
             }
         return config

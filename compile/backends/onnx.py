@@ -33,7 +33,7 @@ from compile.backends.base import (
     export_example_size,
 )
 from compile.manifest import Manifest
-from compile.quantization.onnx_qdq import quantize_onnx, quantize_options
+from compile.quantization.onnx_qdq import needs_reduced_range, quantize_onnx, quantize_options
 from compile.settings import CompileSettings
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ class OnnxBackend(CompileBackend):
         }
         if settings.quantized:
             method = self.resolve_calibration_method(settings.precision, settings.calibration_method)
-            config["quantize_static"] = quantize_options(method)
+            config["quantize_static"] = quantize_options(method, needs_reduced_range(device.type))
         return config
 
     def extra_versions(self) -> tuple[str, ...]:
@@ -270,7 +270,7 @@ class OnnxBackend(CompileBackend):
             with tempfile.TemporaryDirectory(prefix="vision-serve-fp32-", dir=path.parent) as scratch:
                 fp32_path = Path(scratch) / self.engine_file
                 self.build(model, settings, device, crop_size, fp32_path)
-                quantize_onnx(fp32_path, path, calibration)
+                quantize_onnx(fp32_path, path, calibration, needs_reduced_range(device.type))
             return
         if isinstance(source := getattr(model, "model", None), OnnxFileModule):
             # Served as it is (fp32 only: build.py), made one self-contained file: a model exported

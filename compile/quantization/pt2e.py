@@ -56,13 +56,21 @@ def check_pt2e(device: torch.device) -> None:
         )
 
 
-def quantization_config(method: str) -> Any:
+def reduced_range() -> bool:
+    """Whether activations are quantized to 7 bits (0..127): on a CPU without VNNI, whose int8 kernels
+    add u8 x s8 products in pairs in 16 bits and saturate on full-range activations (compile/devices.py)."""
+    from compile.devices import cpu_has_vnni
+
+    return not cpu_has_vnni()
+
+
+def quantization_config(method: str, reduce_range: bool = False) -> Any:
     """The x86 quantizer's config: its default (per-channel int8 weights, per-tensor uint8
-    activations) with the activation observer ``method`` names."""
+    activations, in 7 bits with ``reduce_range``) with the activation observer ``method`` names."""
     if method not in ACTIVATION_OBSERVERS:
         raise ValueError(f"inductor int8 calibrates with {', '.join(ACTIVATION_OBSERVERS)}, not {method!r}.")
     x86 = importlib.import_module("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
-    config = x86.get_default_x86_inductor_quantization_config(is_qat=False, is_dynamic=False)
+    config = x86.get_default_x86_inductor_quantization_config(is_qat=False, is_dynamic=False, reduce_range=reduce_range)
     if method == "histogram":
         return config
     quantizer = importlib.import_module("torchao.quantization.pt2e.quantizer")
@@ -91,7 +99,8 @@ def quantize_pt2e(
         # strict=True: the non-strict export leaves no source_fn_stack on the nodes, and the x86
         # quantizer (which matches source partitions) then quantizes no convolution at all.
         graph = torch.export.export(model, (example,), dynamic_shapes=shapes, strict=True).module()
-        prepared = pt2e.prepare_pt2e(graph, x86.X86InductorQuantizer().set_global(quantization_config(method)))
+        config = quantization_config(method, reduced_range())
+        prepared = pt2e.prepare_pt2e(graph, x86.X86InductorQuantizer().set_global(config))
         for images in batches:
             prepared(images)
         converted = pt2e.convert_pt2e(prepared)

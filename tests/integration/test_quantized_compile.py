@@ -20,6 +20,7 @@ from PIL import Image, ImageEnhance
 
 from compile import _defaults
 from compile.build import compile_artifact
+from compile.devices import cpu_has_vnni
 from compile.manifest import read_manifest, sha256_file
 from compile.sample_photos import write_sample_calibration_set
 from compile.settings import CompileSettings
@@ -44,16 +45,37 @@ def calibration(tmp_path_factory):
     return folder
 
 
+# ONNX Runtime's int8 kernels on a CPU without VNNI add u8 x s8 products in pairs in 16 bits: even with
+# 7-bit weights (what compile-trt then builds) EfficientNet-Lite0 agrees with fp32 on top-1 for 0.72 of
+# the evaluation photos on such a CPU (0.89 with VNNI), under the default gate's 0.8. There the gate's
+# refusal is checked, and the rest of the path (recorded, cached, served) runs on an engine gated at
+# thresholds given on the command line, as a user of such a CPU would pass them.
+ONNX_INT8_GATE = {} if cpu_has_vnni() else {"top1_agreement": 0.6, "top5_agreement": 0.9, "mean_prob_drop": 0.1}
+# The CompileSettings field (and flag) of each gated metric.
+GATE_FIELDS = {
+    "top1_agreement": "gate_min_top1_agreement",
+    "top5_agreement": "gate_min_top5_agreement",
+    "mean_prob_drop": "gate_max_prob_drop",
+}
+ONNX_INT8_SETTINGS = {GATE_FIELDS[name]: value for name, value in ONNX_INT8_GATE.items()}
+ONNX_INT8_ON_THIS_CPU = [f"--{field.replace('_', '-')}={value}" for field, value in ONNX_INT8_SETTINGS.items()]
+
+
 @pytest.fixture(scope="module")
 def onnx_int8(tmp_path_factory, calibration):
     output = tmp_path_factory.mktemp("int8") / "lite0-onnx-int8"
-    done = compile_trt(*LITE, "--backend", "onnx", "--calibration", str(calibration), "--output", str(output))
+    args = [*LITE, "--backend", "onnx", "--calibration", str(calibration), "--output", str(output)]
+    if ONNX_INT8_ON_THIS_CPU:
+        refused = compile_trt(*args)
+        assert refused.returncode == 3 and "accuracy gate FAILED" in refused.stderr, refused.stderr[-3000:]
+    done = compile_trt(*args, *ONNX_INT8_ON_THIS_CPU)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "accuracy gate passed" in done.stdout
     return output
 
 
-def assert_gated_and_recorded(output, calibration, backend: str, method: str) -> dict:
+def assert_gated_and_recorded(output, calibration, backend: str, method: str, gate: dict | None = None) -> dict:
+    """``gate``: the thresholds given on the command line, over the defaults."""
     manifest = read_manifest(output)
     assert (manifest.backend, manifest.precision) == (backend, "int8")
     assert sha256_file(output / manifest.engine_file) == manifest.engine_sha256
@@ -71,10 +93,11 @@ def assert_gated_and_recorded(output, calibration, backend: str, method: str) ->
         "batch_sizes": [1, 8, 32],
         "rows_compared": 3 * photos,
     }
-    metrics = validation["metrics"]
-    assert metrics["top1_agreement"] >= INT8["top1_agreement"] and metrics["top5_agreement"] >= INT8["top5_agreement"]
-    assert metrics["mean_prob_drop"] <= INT8["mean_prob_drop"]
-    assert set(validation["thresholds"]) == set(INT8)
+    metrics, thresholds = validation["metrics"], validation["thresholds"]
+    assert thresholds == {**INT8, **(gate or {})}
+    assert metrics["top1_agreement"] >= thresholds["top1_agreement"]
+    assert metrics["top5_agreement"] >= thresholds["top5_agreement"]
+    assert metrics["mean_prob_drop"] <= thresholds["mean_prob_drop"]
     chelsea = next(item for item in validation["real_images"] if item["name"] == "chelsea")
     assert chelsea["compiled"] in CAT_LABELS
     return manifest.backend_config
@@ -91,7 +114,8 @@ def assert_serves_the_cat(output, engine: str, tmp_path, chelsea_jpeg, coffee_jp
 
 def test_onnx_int8_is_an_explicit_symmetric_qdq_graph_gated_and_recorded(onnx_int8, calibration) -> None:
     onnx = pytest.importorskip("onnx")
-    config = assert_gated_and_recorded(onnx_int8, calibration, "onnx", "percentile")
+    config = assert_gated_and_recorded(onnx_int8, calibration, "onnx", "percentile", ONNX_INT8_GATE)
+    assert config["quantize_static"]["reduce_range"] is (not cpu_has_vnni())
     assert config["quantize_static"]["calibrate_method"] == "Percentile"
     graph = onnx.load(str(onnx_int8 / "model.onnx")).graph
     ops = [node.op_type for node in graph.node]
@@ -122,6 +146,7 @@ def test_the_same_calibration_is_a_cache_hit_and_another_one_is_not(onnx_int8, c
 
     before = read_manifest(onnx_int8)
     given = {"model": "efficientnet-lite0", "backend": "onnx", "device": "cpu", "precision": "int8"}
+    given |= ONNX_INT8_SETTINGS  # as the artifact was compiled
     same = compile_artifact(CompileSettings(**given, calibration=str(calibration), output=str(onnx_int8)))
     assert same.cached and same.manifest.cache_key == before.cache_key
 
