@@ -260,6 +260,7 @@ def metrics() -> Metrics:
     # The labelled series whose labels are known, at 0 from the start (see multiprocess_mode).
     for tier in ("memory", "redis"):
         made.cache_hits_in(tier)
+        made.cache_rejected_in(tier)
     for reason in ("timeout", "error"):
         made.cache_redis_errors.labels(reason=reason)
     for where in ("http", "worker"):

@@ -48,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service import _defaults
 from service.http.base.departure import DEPARTURE, Departure
@@ -196,7 +196,7 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._expect_headers()
             if self.loop not in self._sweeping:
                 self._sweeping.add(self.loop)
-                self.loop.call_later(SWEEP_INTERVAL_S, self._sweep, self.connections, self.loop)
+                self.loop.call_later(SWEEP_INTERVAL_S, _sweep, self.connections, self.loop)
 
         def _expect_headers(self) -> None:
             self._deadline = (time.monotonic() + limits.header_timeout_s, header_timeout)
@@ -281,16 +281,7 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             super().connection_lost(exc)
-            # The client left before these answers were complete. uvicorn marks only the newest request
-            # (``cycle``) disconnected: the one running behind it would write its answer into the closed
-            # transport (uvloop raises there). Each is told, and work still queued for it is dropped.
-            for cycle in self._open:
-                if not cycle.response_complete:
-                    cycle.disconnected = True
-                    cycle.message_event.set()
-                    departure = cycle.scope.get(DEPARTURE)
-                    if departure is not None:
-                        departure.leave()
+            _client_left(self._open)
             self._open.clear()
 
         def on_message_complete(self) -> None:
@@ -315,26 +306,49 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             if refused is not None:
                 # The route reading the body learns why it stopped, and counts the request by it.
                 refused.scope[BODY_CUT_OFF] = (refusal.status, refusal.detail)  # type: ignore[literal-required]
-            # Answer only where no other answer is still owed on this connection and the refused
-            # request's own has not begun: a response must never land inside another.
-            owed = any(not cycle.response_complete for cycle in self._open if cycle is not refused)
-            if not owed and (refused is None or not refused.response_started):
+            if _may_answer(self._open, refused):
                 self.transport.write(refusal.wire)
             self.transport.close()
 
-        def _client_gone_while_paused(self) -> bool:
-            waiting = any(not cycle.response_complete for cycle in self._open)
-            return self.flow.read_paused and waiting and _peer_hung_up(self.transport)
-
-        @staticmethod
-        def _sweep(connections: set, loop: asyncio.AbstractEventLoop) -> None:
-            now = time.monotonic()
-            for connection in list(connections):
-                deadline = getattr(connection, "_deadline", None)
-                if deadline is not None and now > deadline[0]:
-                    connection._refuse(deadline[1])
-                elif isinstance(connection, GuardedHttpToolsProtocol) and connection._client_gone_while_paused():
-                    connection.transport.close()  # connection_lost then tells their departures
-            loop.call_later(SWEEP_INTERVAL_S, GuardedHttpToolsProtocol._sweep, connections, loop)
-
     return GuardedHttpToolsProtocol
+
+
+def _may_answer(open_cycles: deque, refused: RequestResponseCycle | None) -> bool:
+    """Whether a refusal may be written: only where no other answer is still owed on the connection and
+    the refused request's own has not begun, so that a response never lands inside another."""
+    owed = any(not cycle.response_complete for cycle in open_cycles if cycle is not refused)
+    return not owed and (refused is None or not refused.response_started)
+
+
+def _client_left(open_cycles: deque) -> None:
+    """The client left before these answers were complete. uvicorn marks only its newest request
+    (``cycle``) disconnected: one running behind it would write its answer into the closed transport
+    (uvloop raises there). Each is marked and told, and work still queued for it is dropped."""
+    for cycle in open_cycles:
+        if not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            departure = cycle.scope.get(DEPARTURE)
+            if departure is not None:
+                departure.leave()
+
+
+def _sweep(connections: set, loop: asyncio.AbstractEventLoop) -> None:
+    """Every ``SWEEP_INTERVAL_S``: refuse what passed its deadline; close a paused connection whose client
+    hung up with requests open (connection_lost then tells their departures)."""
+    now = time.monotonic()
+    for connection in list(connections):
+        deadline = getattr(connection, "_deadline", None)
+        if deadline is not None and now > deadline[0]:
+            connection._refuse(deadline[1])
+        elif _gone_while_paused(connection):
+            connection.transport.close()
+    loop.call_later(SWEEP_INTERVAL_S, _sweep, connections, loop)
+
+
+def _gone_while_paused(connection: HttpToolsProtocol) -> bool:
+    """A connection whose reading is paused (a request parsed behind the running one) never reads its
+    client's close: ask the kernel, for one with requests still open."""
+    open_cycles = getattr(connection, "_open", ())
+    waiting = any(not cycle.response_complete for cycle in open_cycles)
+    return waiting and connection.flow.read_paused and _peer_hung_up(connection.transport)

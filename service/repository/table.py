@@ -72,6 +72,15 @@ class RoutingTable:
             )
         return route
 
+    def current(self, route: VersionRoute, pinned: bool = False) -> VersionRoute:
+        """``route`` if this table still serves its version with the same workers; else the version a
+        request for it gets now (``pinned``: that very version, else the model's latest), or
+        ``ServiceError`` 404 when there is none. For a route resolved before an await."""
+        served = self.models.get(route.name, {}).get(route.version)
+        if served is not None and served.workers == route.workers:
+            return route
+        return self.resolve(route.name, route.version if pinned else None)
+
 
 def parse_version(version: str | int) -> int | None:
     if isinstance(version, int):

@@ -47,9 +47,9 @@ def calibration(tmp_path_factory):
 
 # ONNX Runtime's int8 kernels on a CPU without VNNI add u8 x s8 products in pairs in 16 bits: even with
 # 7-bit weights (what compile-trt then builds) EfficientNet-Lite0 agrees with fp32 on top-1 for 0.72 of
-# the evaluation photos on such a CPU (0.89 with VNNI), under the default gate's 0.8. There the gate's
-# refusal is checked, and the rest of the path (recorded, cached, served) runs on an engine gated at
-# thresholds given on the command line, as a user of such a CPU would pass them.
+# the evaluation photos on such a CPU (0.89 with VNNI), under the default gate's 0.8. There the path
+# (recorded, cached, served) runs on an engine gated at thresholds given on the command line, as a user
+# of such a CPU would pass them, and a slow test checks the default gate's refusal.
 ONNX_INT8_GATE = {} if cpu_has_vnni() else {"top1_agreement": 0.6, "top5_agreement": 0.9, "mean_prob_drop": 0.1}
 # The CompileSettings field (and flag) of each gated metric.
 GATE_FIELDS = {
@@ -65,9 +65,6 @@ ONNX_INT8_ON_THIS_CPU = [f"--{field.replace('_', '-')}={value}" for field, value
 def onnx_int8(tmp_path_factory, calibration):
     output = tmp_path_factory.mktemp("int8") / "lite0-onnx-int8"
     args = [*LITE, "--backend", "onnx", "--calibration", str(calibration), "--output", str(output)]
-    if ONNX_INT8_ON_THIS_CPU:
-        refused = compile_trt(*args)
-        assert refused.returncode == 3 and "accuracy gate FAILED" in refused.stderr, refused.stderr[-3000:]
     done = compile_trt(*args, *ONNX_INT8_ON_THIS_CPU)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "accuracy gate passed" in done.stdout
@@ -162,6 +159,17 @@ def test_the_same_calibration_is_a_cache_hit_and_another_one_is_not(onnx_int8, c
     assert record["count"] == 100 and record["found"] == before.quantization["calibration"]["count"]
     assert record["sha256"] != before.quantization["calibration"]["sha256"]
     assert key_of(plan) != before.cache_key, "another calibration set gave the same engine cache key"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_has_vnni(), reason="the default gate passes onnx int8 on a CPU with VNNI")
+def test_on_a_cpu_without_vnni_the_default_gate_refuses_onnx_int8_with_its_numbers(calibration, tmp_path) -> None:
+    """Why the fixture gates at lower thresholds here: with 7-bit weights, still under the default 0.8."""
+    output = tmp_path / "refused"
+    done = compile_trt(*LITE, "--backend", "onnx", "--calibration", str(calibration), "--output", str(output))
+    assert done.returncode == 3 and "accuracy gate FAILED, no artifact written" in done.stderr, done.stderr[-3000:]
+    assert any(line.split()[0] == "top1_agreement" for line in done.stderr.splitlines() if line.endswith("FAIL"))
+    assert not output.exists()
 
 
 @pytest.mark.slow

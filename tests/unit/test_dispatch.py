@@ -284,24 +284,19 @@ def table_of(*routes: VersionRoute, generation: int = 1, draining: tuple[int, ..
     return RoutingTable(generation, models, draining, default_model="lite")
 
 
-def test_a_route_still_served_is_kept_and_a_retired_one_is_resolved_again(tmp_path) -> None:
-    dispatcher, channel, workers = dispatcher_with(tmp_path, workers=4)
-    try:
-        v1, v2 = route_of(1, (0, 1)), route_of(2, (2, 3))
-        dispatcher.watch.follow_table(table_of(v1))
-        assert dispatcher.route_now(v1) is v1
-        # A load published version 2 and retired version 1 (its workers drain) while a lookup waited.
-        dispatcher.watch.follow_table(table_of(v2, generation=2, draining=(0, 1)))
-        assert dispatcher.route_now(v1) is v2, "an unpinned request runs on the version served now"
-        with pytest.raises(ServiceError) as caught:
-            dispatcher.route_now(v1, pinned=True)
-        assert caught.value.status == 404 and "version 1 is not found" in caught.value.message
-        # Unloaded altogether: 404 either way, never a send to a retired worker.
-        dispatcher.watch.follow_table(RoutingTable(3, {}, (2, 3)))
-        with pytest.raises(ServiceError) as caught:
-            dispatcher.route_now(v2)
-        assert caught.value.status == 404
-    finally:
-        channel.close()
-        for worker in workers:
-            worker.close()
+def test_a_route_still_served_is_kept_and_a_retired_one_is_resolved_again() -> None:
+    """What the dispatcher asks of the table after a cache lookup that awaited Redis."""
+    v1, v2 = route_of(1, (0, 1)), route_of(2, (2, 3))
+    assert table_of(v1).current(v1) is v1
+    # A load published version 2 and retired version 1 (its workers drain) while a lookup waited.
+    swapped = table_of(v2, generation=2, draining=(0, 1))
+    assert swapped.current(v1) is v2, "an unpinned request runs on the version served now"
+    with pytest.raises(ServiceError) as caught:
+        swapped.current(v1, pinned=True)
+    assert caught.value.status == 404 and "version 1 is not found" in caught.value.message
+    # Unloaded altogether: 404 either way, never a send to a retired worker.
+    with pytest.raises(ServiceError) as caught:
+        RoutingTable(3, {}, (2, 3)).current(v2)
+    assert caught.value.status == 404
+    # Republished with other workers (a restart): the route as now published.
+    assert table_of(route_of(1, (4, 5))).current(v1).workers == (4, 5)

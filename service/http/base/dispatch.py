@@ -97,10 +97,12 @@ class ImageDispatcher:
     def route(self, model: str | None, version: str | None = None) -> VersionRoute:
         """The served version a request names (``None``: the default model, its latest version);
         ``ServiceError`` 404 when it is not loaded, 503 before this process follows a table."""
-        watch = self.watch
-        if watch is None:
+        return self._watch_or_503().table.resolve(model, version)
+
+    def _watch_or_503(self) -> WorkerWatch:
+        if self.watch is None:
             raise Unavailable("The server is starting; retry shortly.")
-        return watch.table.resolve(model, version)
+        return self.watch
 
     async def classify(
         self,
@@ -111,21 +113,17 @@ class ImageDispatcher:
         *,
         pinned: bool = False,
     ) -> Classified:
-        """Each image's ``Answer`` in input order, the milliseconds from admission to the last one,
-        and the version that answered.
+        """Each image's ``Answer`` in input order, the milliseconds from admission to the last one, and
+        the version that answered. The steps, each calling down: look the images up in the response
+        cache (hits are answered before any admission or decode, service/http/cache/front.py); check
+        ``route`` once more (the lookup may have waited on Redis while a load retired its version:
+        ``pinned``, the request named that version, then gets 404, else the model's latest answers);
+        admit and send the misses to that version's workers; keep their answers.
 
-        The steps, each calling down: look the images up in the response cache (if any: hits are
-        answered before any admission or decode, service/http/cache/front.py); check ``route`` against
-        the routing table again, since the lookup may have waited on Redis while a load or unload
-        retired its version (``route_now``); admit and send the misses to that version's workers;
-        keep their answers in the cache.
-        ``route``: the model version to run (``None``: any ready worker, for a one-model server).
-        ``pinned``: the request named that version; if it is retired meanwhile the request gets 404,
-        where an unpinned one runs on the model's latest version.
-        ``departure``: told when the client leaves; its images not answered yet are then dropped by
-        their workers, and this raises ``ClientClosed`` (499). Cancelling the call drops them too.
-        Raises ``ServiceError`` 503 (retry later) when no worker is ready or the images do not fit
-        under ``--max-queue`` now, 413 if they never could; an image without an answer by the deadline
+        ``route``: ``None`` for any ready worker of a one-model server. ``departure``: told when the client
+        leaves; its images are then dropped by their workers, and this raises ``ClientClosed`` (499), as
+        cancelling the call does. Raises ``ServiceError`` 503 when no worker is ready or the images do not
+        fit under ``--max-queue`` now, 413 if they never could; an image without an answer by the deadline
         gets a 504 ``Answer``.
         """
         cache = self.cache
@@ -138,25 +136,13 @@ class ImageDispatcher:
             metrics().observe_stages({"total": lookup.ms})
             return Classified(lookup.answers, lookup.ms, route)  # type: ignore[arg-type]  (no None left)
         # No await from here to the submit: the version the misses are sent to is the one served now.
-        route = self.route_now(route, pinned)
+        route = self._watch_or_503().table.current(route, pinned)
         if model_fingerprint(route) != model_fingerprint(lookup.route):
             # Another version answers: its own keys, and none of the old one's hits.
             lookup = Lookup(route, cache.keys(images, route, top_k), [None] * len(images), lookup.ms)
             missing = list(range(len(images)))
         ran, total_ms = await self._admit_and_run([images[index] for index in missing], top_k, route, departure)
         return Classified(keep(cache, lookup, missing, ran), lookup.ms + total_ms, route)
-
-    def route_now(self, route: VersionRoute, pinned: bool = False) -> VersionRoute:
-        """``route`` if the table this process follows still serves its version with the same workers;
-        else the version a request for it would get now (``pinned``: that very version, else the
-        model's latest), or ``ServiceError`` 404 when there is none."""
-        watch = self.watch
-        if watch is None:
-            raise Unavailable("The server is starting; retry shortly.")
-        served = watch.table.models.get(route.name, {}).get(route.version)
-        if served is not None and served.workers == route.workers:
-            return route
-        return watch.table.resolve(route.name, route.version if pinned else None)
 
     async def _admit_and_run(
         self, images: Sequence[bytes], top_k: int, route: VersionRoute | None, departure: Departure | None
@@ -218,7 +204,7 @@ class ImageDispatcher:
                 request = ImageRequest(image, top_k, queued_at, request_id, trace_parent)
                 futures.append(channel.submit(worker_id, uid, request))
             # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
-            expiry = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, futures)
+            expiry = asyncio.get_running_loop().call_later(self.timeout_s, _expire, futures, self.timeout_s)
             if departure is not None:
                 departure.listener = functools.partial(_settle_all, futures, CLIENT_LEFT)
             try:
@@ -239,14 +225,15 @@ class ImageDispatcher:
             metrics().observe_stages({"total": total_ms})
         return answers, total_ms
 
-    def _expire(self, futures: Sequence[asyncio.Future[Answer]]) -> None:
-        timed_out = answer_for(
-            DeadlineExceeded(
-                f"No answer within the {self.timeout_s:g} s deadline (--request-timeout-s): the server is "
-                "overloaded or its batches are too slow."
-            )
+
+def _expire(futures: Sequence[asyncio.Future[Answer]], timeout_s: float) -> None:
+    timed_out = answer_for(
+        DeadlineExceeded(
+            f"No answer within the {timeout_s:g} s deadline (--request-timeout-s): the server is overloaded "
+            "or its batches are too slow."
         )
-        _settle_all(futures, timed_out)
+    )
+    _settle_all(futures, timed_out)
 
 
 def _settle_all(futures: Sequence[asyncio.Future[Answer]], answer: Answer) -> None:
