@@ -41,7 +41,7 @@ from pathlib import Path
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import DEFAULT_WORK_DIR, Inputs, ServerConfig, closed, load_runs, markdown_table
 from benchmarks.harness.suite import vision_serve as serving
-from compile.devices import cpu_name
+from compile.devices import cpu_flags, cpu_name
 from compile.sample_photos import write_sample_calibration_set
 from service.client.launcher import ServerStartError, parent_death_hook
 from service.tune.engines import FAILED, OK, STATUS_BY_EXIT, gate_or_reason
@@ -78,11 +78,8 @@ GATE_COLUMNS = ("top1_agreement", "top5_agreement", "mean_prob_drop", "cosine")
 
 def cpu_units(cpuinfo: str) -> dict[str, bool]:
     """Which int8/bf16 units ``/proc/cpuinfo`` lists (the first processor's ``flags`` line)."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            return {unit: unit in flags for unit in CPU_UNITS}
-    return {unit: False for unit in CPU_UNITS}
+    flags = cpu_flags(cpuinfo) or set()
+    return {unit: unit in flags for unit in CPU_UNITS}
 
 
 def medians(runs: Sequence[dict]) -> dict[str, dict[int, dict]]:

@@ -73,20 +73,21 @@ def probed_vec_isa() -> list[str]:
     return [capability.lower()] if capability not in ("DEFAULT", "") else []
 
 
+def cpu_flags(cpuinfo: str) -> set[str] | None:
+    """The first processor's ``flags`` in ``/proc/cpuinfo``'s text; ``None`` when it has none."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return None
+
+
 @functools.cache
 def cpu_has_vnni() -> bool:
     """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI): integer dot products that sum u8 x s8 pairs in
     32 bits. Without it ONNX Runtime's int8 kernels sum pairs in 16 bits, which saturates with full-range
     int8 weights (quantization/onnx_qdq.py then quantizes weights to 7 bits)."""
     try:
-        flags = next(
-            (
-                line.split(":", 1)[1].split()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("flags")
-            ),
-            None,
-        )
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
         flags = None
     if flags is not None:
