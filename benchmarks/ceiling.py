@@ -23,6 +23,7 @@ import torch
 from compile.libstdcxx import restart_with_preload
 from compile.model_request import ModelRequest
 from preprocessing import create_preprocessor
+from service.supervisor.planning.cores import usable_cores
 from service.tune.images import read_images, write_benchmark_images
 from service.worker.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
 
@@ -107,7 +108,7 @@ def main() -> None:
         write_benchmark_images(args.images)
     device = torch.device(args.device)
     bind_worker_device(device)
-    set_worker_threads(device, workers_per_device=1)
+    set_worker_threads(device, usable_cores())
     served = load_served(args.model, args.weights, args.artifact, device)
     batches = [int(b) for b in args.batches.split(",")]
     print(json.dumps(measure_ceiling(served, read_images(args.images), batches, device, args.repeats), indent=1))

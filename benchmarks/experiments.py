@@ -53,6 +53,7 @@ from compile.catalog import get_model_entry
 from compile.gate import compare_logits
 from compile.weights import load_model
 from preprocessing.pil_backend import PilPreprocessor
+from service.supervisor.planning.cores import usable_cores
 from service.tune.loadgen import LoadSpec
 from service.worker.engine import set_worker_threads
 
@@ -158,7 +159,7 @@ def ceiling(opts: Options, rounds: int = 3) -> dict:
     model-only batch-1 time. Medians over the rounds.
     """
     device = torch.device("cpu")
-    set_worker_threads(device, workers_per_device=1)  # as the served configurations here run
+    set_worker_threads(device, usable_cores())  # as the served configurations here run
     engines, efficiency = {}, {}
     for config in VISION_SERVE_CONFIGS:
         if config.compiled and config.artifact_key not in opts.inputs.artifacts:
@@ -393,7 +394,7 @@ def precision(opts: Options, ceiling_record: dict) -> dict:
     the served weights and on EfficientNet-Lite0 with real ImageNet weights (random weights make
     agreement easy: their top-1 hardly depends on the input, so the real model is the honest check)."""
     device = torch.device("cpu")
-    set_worker_threads(device, workers_per_device=1)  # as the served configurations here run
+    set_worker_threads(device, usable_cores())  # as the served configurations here run
     inputs_bytes = agreement_inputs(opts.inputs.images, AGREEMENT_VARIANTS)
     agreement: dict[str, dict] = {}
     models = {opts.inputs.model: str(opts.inputs.weights_file)}

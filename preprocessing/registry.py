@@ -68,8 +68,12 @@ def create_preprocessor(
     *,
     max_batch_size: int = _defaults.DEVICE_MAX_BATCH,
     max_image_pixels: int = _defaults.MAX_IMAGE_PIXELS,
+    decode_threads: int | None = None,
 ) -> Preprocessor:
     """The backend ``name`` resolves to, built for ``spec`` on ``device``.
+
+    ``decode_threads``: the CPU threads its decoders may use (None: the backend's own default, up to
+    the machine's cores); a server gives each worker its share of the cores.
 
     ``max_batch_size`` is the largest batch the caller will pass; the device backends size their
     buffers (DALI its pipeline) for it. Images whose header claims more than ``max_image_pixels``
@@ -84,7 +88,7 @@ def create_preprocessor(
         candidates += [other for other in later if backend_problem(other, device) is None]
     for position, candidate in enumerate(candidates):
         try:
-            preprocessor = _construct(candidate, spec, device, max_batch_size, max_image_pixels)
+            preprocessor = _construct(candidate, spec, device, max_batch_size, max_image_pixels, decode_threads)
         except Exception as exc:
             if position == len(candidates) - 1:
                 raise
@@ -103,13 +107,18 @@ def create_preprocessor(
 
 
 def _construct(
-    backend: str, spec: PreprocessSpec, device: torch.device, max_batch_size: int, max_image_pixels: int
+    backend: str,
+    spec: PreprocessSpec,
+    device: torch.device,
+    max_batch_size: int,
+    max_image_pixels: int,
+    decode_threads: int | None,
 ) -> Preprocessor:
     if backend == "pil":
         from preprocessing.pil_backend import PilPreprocessor
 
-        return PilPreprocessor(spec, device, max_image_pixels=max_image_pixels)
-    options = {"max_batch_size": max_batch_size, "max_image_pixels": max_image_pixels}
+        return PilPreprocessor(spec, device, max_image_pixels=max_image_pixels, num_threads=decode_threads)
+    options = {"max_batch_size": max_batch_size, "max_image_pixels": max_image_pixels, "num_threads": decode_threads}
     if backend == "dali":
         from preprocessing.dali_backend import DaliPreprocessor
 

@@ -16,7 +16,26 @@ MAX_BATCH_SIZE = 32
 # batches fill anyway from the requests that queue while the model is busy (service/worker/collector.py).
 # A window helps only when arrivals are sparse and a bigger batch costs little more than a small one.
 BATCH_TIMEOUT_MS = 0.0
-WORKERS_PER_DEVICE = 1
+# Inference worker processes per device; 0: chosen at start from the engine and the machine
+# (service/supervisor/planning/sizing.py; the startup log, /info and --print-config say what and why).
+WORKERS_PER_DEVICE = 0
+# Threads each worker's engine runs on (torch's intra-op pool, ONNX Runtime's); 0: chosen with the
+# workers, so that workers x threads fits the cores this process may use.
+ENGINE_THREADS = 0
+# The rule behind those zeros (service/supervisor/planning/sizing.py). A model under SMALL_MODEL_GMACS
+# multiply-accumulates per image (EfficientNet-Lite0 0.39, MobileNetV3 0.22, ResNet-18 1.8) gets a
+# worker per core on a CPU; a larger one (ResNet-50 4.1, ResNet-152 11.5) a worker per
+# CPU_LARGE_MODEL_THREADS cores. Never more than MAX_CPU_WORKERS workers on a CPU: each holds its own
+# engine and interpreter, and past it more threads per worker pay better than more processes.
+SMALL_MODEL_GMACS = 2.0
+CPU_LARGE_MODEL_THREADS = 8
+MAX_CPU_WORKERS = 16
+# A model file's (ONNX, exported program) cost is estimated from its size: 4 bytes a parameter, and
+# this many GMACs per million parameters (the upper end of image classifiers: ResNet-152 0.19).
+GMACS_PER_MILLION_PARAMETERS = 0.2
+GPU_WORKERS_PER_DEVICE = 1
+# Host threads of each GPU worker's torch (the engine runs on the GPU; these run what stays on the host).
+GPU_WORKER_MAX_THREADS = 4
 # Batches in flight in each worker: 1 runs each batch start to end; 2 prepares the next batch
 # (decode, resize, upload on a CUDA stream of its own) while the model runs this one. 0: auto,
 # see service.settings.resolve_pipeline_depth.

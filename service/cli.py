@@ -19,6 +19,7 @@ from service.settings import (
     render_config,
     resolve_settings,
 )
+from service.supervisor.planning.plans import render_chosen
 
 # Flags of the command itself, not settings.
 COMMAND_FLAGS = ("config", "print_config")
@@ -32,7 +33,10 @@ _HELP = {
     "dali, cvcuda, torch or pil",
     "max_batch_size": "largest batch the model sees (1 turns batching off)",
     "batch_timeout_ms": "how long the first request of a batch waits for more",
-    "workers_per_device": "inference worker processes per device",
+    "workers_per_device": "inference worker processes per device; 0: chosen from the engine and the machine "
+    "(--print-config shows the choice and why)",
+    "engine_threads": "threads of each worker's engine (torch, ONNX Runtime) on a CPU; 0: the usable cores "
+    "shared among the workers",
     "pipeline_depth": "batches in flight per worker: 1 runs each batch start to end, 2 prepares the next while "
     "one runs; 0: 2 on a GPU, 1 on a CPU",
     "api_servers": "HTTP processes that parse requests and answer them; 0: one per inference worker on a CPU, "
@@ -121,11 +125,10 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, resolved = parse_settings(parser, argv, resolve_from_args)
-    if args.print_config:
-        sys.stdout.write(render_config(resolved))
-        return 0
     settings = resolved.settings
     configure_logging(settings.log_level, settings.log_format)
+    if args.print_config:
+        return print_config(parser, resolved)
     if (
         not settings.artifact
         and settings.weights not in ("imagenet", "random")
@@ -157,6 +160,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         preload_for_children(artifacts[0].device)
     return serve(server)
+
+
+def print_config(parser: argparse.ArgumentParser, resolved: ResolvedSettings) -> int:
+    """The effective settings as a config file, then what the server would choose for the values left
+    at 0 (auto) on this machine, and why: planned as a start would plan them."""
+    from service.supervisor.planning.launch import start_planning
+
+    sys.stdout.write(render_config(resolved))
+    sys.stdout.flush()
+    try:
+        plans = start_planning(resolved.settings).result()
+    except ValueError as exc:
+        parser.error(f"these settings would not start a server: {exc}")
+    sys.stdout.write(render_chosen(plans))
+    return 0
 
 
 if __name__ == "__main__":

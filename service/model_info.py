@@ -28,6 +28,9 @@ class ModelInfo:
     # says where they come from); the HTTP processes check cached answers against them
     # (service/http/cache/codec.py). Empty: not known, and nothing is answered from a cache.
     labels: tuple[str, ...] = ()
+    # The workers per device and engine threads it is served with, where each came from and why
+    # (service/supervisor/planning/sizing.py).
+    sizing: dict | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", tuple(self.labels))  # a list when read back from JSON
@@ -36,6 +39,7 @@ class ModelInfo:
         """What /info shows: every field but the labels."""
         described = asdict(self)
         del described["labels"]
-        if self.artifact is None:
-            del described["artifact"]
+        for optional in ("artifact", "sizing"):
+            if described[optional] is None:
+                del described[optional]
         return described

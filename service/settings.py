@@ -43,6 +43,7 @@ class ServeSettings(ModelRequest):
     max_batch_size: int = _defaults.MAX_BATCH_SIZE
     batch_timeout_ms: float = _defaults.BATCH_TIMEOUT_MS
     workers_per_device: int = _defaults.WORKERS_PER_DEVICE
+    engine_threads: int = _defaults.ENGINE_THREADS
     api_servers: int = _defaults.API_SERVERS
     pipeline_depth: int = _defaults.PIPELINE_DEPTH
     host: str = _defaults.HOST
@@ -78,17 +79,7 @@ class ServeSettings(ModelRequest):
             raise ValueError(f"--max-batch-size must be >= 1 (1 turns batching off), got {self.max_batch_size}.")
         if self.batch_timeout_ms < 0:
             raise ValueError(f"--batch-timeout-ms must be >= 0, got {self.batch_timeout_ms}.")
-        if self.workers_per_device < 1:
-            raise ValueError(f"--workers-per-device must be >= 1, got {self.workers_per_device}.")
-        if self.api_servers < 0:
-            raise ValueError(
-                f"--api-servers must be >= 1, or 0 to size it to the devices and cores, got {self.api_servers}."
-            )
-        if self.pipeline_depth < 0:
-            raise ValueError(
-                f"--pipeline-depth must be 1 (no overlap), 2 or more (prepare the next batches while one runs), "
-                f"or 0 to choose by device, got {self.pipeline_depth}."
-            )
+        check_workers(self)
         if self.host not in ALLOWED_HOSTS:
             raise ValueError(
                 f"--host must be one of {', '.join(ALLOWED_HOSTS)} (LitServe binds only these), got {self.host!r}. "
@@ -191,6 +182,28 @@ def module_installed(name: str) -> bool:
         return False
 
 
+def check_workers(settings: ServeSettings) -> None:
+    """The flags that lay out the processes; 0 lets the server choose (service/supervisor/planning/)."""
+    if settings.workers_per_device < 0:
+        raise ValueError(
+            f"--workers-per-device must be >= 1, or 0 to choose from the engine and the machine, "
+            f"got {settings.workers_per_device}."
+        )
+    if settings.engine_threads < 0:
+        raise ValueError(
+            f"--engine-threads must be >= 1, or 0 to share the cores among the workers, got {settings.engine_threads}."
+        )
+    if settings.api_servers < 0:
+        raise ValueError(
+            f"--api-servers must be >= 1, or 0 to size it to the devices and cores, got {settings.api_servers}."
+        )
+    if settings.pipeline_depth < 0:
+        raise ValueError(
+            f"--pipeline-depth must be 1 (no overlap), 2 or more (prepare the next batches while one runs), "
+            f"or 0 to choose by device, got {settings.pipeline_depth}."
+        )
+
+
 def check_cache_and_tracing(settings: ServeSettings) -> None:
     """The response cache's and tracing's flags (service/http/cache/, service/tracing/)."""
     if settings.response_cache_mb < 0:
@@ -279,6 +292,16 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, object]
 
 
 CONFIG_ENV = _defaults.ENV_PREFIX + "CONFIG"
+
+
+def without_setting_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) without the VISION_SERVE_* variables that set a setting or
+    name a config file: for a server whose --config must be its whole configuration (vision-tune's)."""
+    environ = os.environ if environ is None else environ
+    settings = {env_var(f.name) for f in fields(ServeSettings)} | {CONFIG_ENV}
+    return {name: value for name, value in environ.items() if name not in settings}
+
+
 FIELD_TYPES = {f.name: type(f.default) for f in fields(ServeSettings)}
 TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
 

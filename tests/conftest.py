@@ -8,6 +8,7 @@ subprocesses on loopback), ``tests/container`` (the images built and run with po
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import psutil
@@ -19,6 +20,12 @@ from compile.sample_photos import CAT_LABELS, sample_photo, sample_photo_file
 
 __all__ = ["CAT_LABELS"]  # the tests import it from here
 
+
+# The servers the suite starts run one inference worker each, whatever the machine: the tests that hold
+# a worker (tests/worker_hold.py) or count its batches rely on there being one, and two per server
+# would add a model load to each of the suite's many starts. The automatic choice is tested where it
+# is the subject (tests/unit/test_sizing.py, tests/e2e/test_sizing_live.py), with this variable removed.
+os.environ.setdefault("VISION_SERVE_WORKERS_PER_DEVICE", "1")
 
 TIERS = ("unit", "integration", "e2e", "container")  # the folders under tests/: where a test lives says what it needs
 

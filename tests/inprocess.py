@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 from litserve.utils import wrap_litserve_start
@@ -16,6 +17,8 @@ from service.supervisor.server import VisionLitServer, build_server
 def started_in_process(settings: ServeSettings) -> Iterator[VisionLitServer]:
     """The workers started and the app ready for an in-process ASGI client (one HTTP process, id 0),
     as LitServe's own test helper does. The plan is made here, in the test process."""
+    if not settings.workers_per_device:  # one worker, as every server of the suite (tests/conftest.py)
+        settings = dataclasses.replace(settings, workers_per_device=1)
     server = build_server(plan_serving(settings))
     try:
         with wrap_litserve_start(server) as started:

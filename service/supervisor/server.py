@@ -153,9 +153,11 @@ class VisionLitServer(LitServerBridge):
     def server_info(self) -> dict:
         """``/info``'s ``server`` object; ``queued`` is filled in at each call."""
         settings = self.settings
+        first = self.initial_plans[0].serve_plan.settings  # each model's own sizing: /info's models
         return {
             "devices": device_names(self.devices),
-            "workers_per_device": settings.workers_per_device,
+            "workers_per_device": first.workers_per_device,
+            "engine_threads": first.engine_threads,
             "api_servers": self.api_servers,
             "pipeline_depth": self.initial_plans[0].serve_plan.settings.pipeline_depth,
             "max_queue": settings.max_queue,

@@ -20,7 +20,8 @@ CPU_ENGINES = ("onnx-fp32", "inductor-fp32", "inductor-bf16")
 CPU_INT8_ENGINES = ("onnx-int8", "inductor-int8")
 CPU_MAX_BATCH_SIZES = (1, 4, 8, 32)
 CPU_BATCH_TIMEOUTS_MS = (0.0,)
-CPU_WORKERS_PER_DEVICE = (1, 2)
+# 0: what vision-serve chooses for the engine and the machine (its default, the tune's baseline).
+CPU_WORKERS_PER_DEVICE = (0, 1, 2)
 CPU_API_SERVERS = (0,)
 CPU_PIPELINE_DEPTHS = (0,)
 # DALI runs its CPU pipelines here too; machine.py keeps the backends that import.
@@ -36,7 +37,7 @@ GPU_ENGINES = ("tensorrt-fp16", "tensorrt-fp32", "inductor-fp16", "inductor-bf16
 GPU_INT8_ENGINES = ("tensorrt-int8",)
 GPU_MAX_BATCH_SIZES = (8, 32, 64, 128)
 GPU_BATCH_TIMEOUTS_MS = (0.0, 2.0)
-GPU_WORKERS_PER_DEVICE = (1, 2)
+GPU_WORKERS_PER_DEVICE = (0, 1, 2)
 GPU_API_SERVERS = (0, 2)  # 0: a quarter of the cores (service/settings.py: resolve_api_servers)
 GPU_PIPELINE_DEPTHS = (1, 2)
 GPU_PREPROCESS = ("torch", "dali", "cvcuda")

@@ -7,13 +7,13 @@ The defaults are what a user gets without tuning, resolved here: ``compile-trt -
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
 from compile.devices import cpu_has, cpu_name, parse_device
 from service import _defaults as serve_defaults
+from service.supervisor.planning.cores import usable_cores
 from service.tune import _defaults
 from service.tune.settings import TuneSettings
 from service.tune.space import Candidate, SearchSpace
@@ -41,7 +41,7 @@ def probe_machine(device_flag: str) -> Machine:
     accelerator = "cpu" if index is None else "cuda"
     bf16 = cpu_has("avx512_bf16") or cpu_has("amx_tile")
     name = torch.cuda.get_device_name(0) if accelerator == "cuda" else cpu_name()
-    return Machine(accelerator, gpus, os.cpu_count() or 1, bf16, name)
+    return Machine(accelerator, gpus, usable_cores(), bf16, name)
 
 
 def default_engine(machine: Machine) -> str:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from service.client.launcher import ServerProcess, ServerStartError
+from service.settings import without_setting_variables
 from service.tune import _defaults
 from service.tune.footprint import FootprintSampler
 from service.tune.ladder import (
@@ -150,7 +151,14 @@ def measure(
 ) -> Measurement:
     """Serve ``config_file`` (``candidate``'s settings), load it, stop it."""
     started = time.perf_counter()
-    server = ServerProcess(["--config", str(config_file), *SERVER_FLAGS], log_path=log_path, with_parent=True)
+    # The config file is the whole configuration: a VISION_SERVE_* variable of the tune's own
+    # environment would win over it, and every candidate would be measured with that value.
+    server = ServerProcess(
+        ["--config", str(config_file), *SERVER_FLAGS],
+        log_path=log_path,
+        with_parent=True,
+        base_env=without_setting_variables(),
+    )
     try:  # stopped on every way out: a failed start, the end, Ctrl-C at any point (even while it starts)
         try:
             server.start()

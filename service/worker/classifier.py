@@ -30,6 +30,7 @@ from service.worker.engine import (
     ENGINE_EAGER,
     ServedModel,
     bind_worker_device,
+    decode_threads,
     load_artifact,
     load_eager,
     set_worker_threads,
@@ -134,7 +135,7 @@ class Classifier:
         """Bind the device, load the model, make the preprocessor, warm up: ready to serve."""
         torch_device = torch.device(device)
         bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
-        set_worker_threads(torch_device, settings.workers_per_device)
+        set_worker_threads(torch_device, settings.engine_threads)
         served = load_served_model(settings, torch_device)
         preprocessor = create_preprocessor(
             settings.preprocess,
@@ -142,6 +143,7 @@ class Classifier:
             torch_device,
             max_batch_size=settings.max_batch_size,
             max_image_pixels=settings.max_image_pixels,
+            decode_threads=decode_threads(settings.engine_threads, torch_device),
         )
         logger.info(
             "Model loaded: model=%s engine=%s device=%s, %s; warming up",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +65,18 @@ def bind_worker_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def set_worker_threads(device: torch.device, workers_per_device: int) -> None:
-    """On a CPU, give each of the machine's inference workers an equal share of its cores as torch
-    threads: workers of one machine share its cores, and oversubscribing them only adds contention."""
+def set_worker_threads(device: torch.device, threads: int) -> None:
+    """On a CPU, run the engine on ``threads`` threads: the worker's share of the cores, which the
+    planner chose (service/supervisor/planning/sizing.py). Workers of one machine share its cores,
+    and oversubscribing them only adds contention. ONNX Runtime sessions take the same number."""
     if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_device))
+        torch.set_num_threads(max(1, threads))
+
+
+def decode_threads(engine_threads: int, device: torch.device) -> int | None:
+    """The threads the worker's decoders may use: on a CPU its share of the cores, as its engine (a
+    CPU worker decodes a batch, then runs it: the two never compete); on a GPU the backend's own."""
+    return engine_threads if device.type == "cpu" and engine_threads > 0 else None
 
 
 def artifact_versions(manifest: Manifest) -> dict[str, str]:

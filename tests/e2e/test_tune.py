@@ -20,7 +20,7 @@ import pytest
 
 from service.client.launcher import ServerProcess
 from service.client.vision_client import VisionClient
-from service.settings import read_config_file
+from service.settings import read_config_file, without_setting_variables
 from tests.conftest import command_line
 from tests.integration.test_quantized_compile import ONNX_INT8_ON_THIS_CPU
 
@@ -140,11 +140,16 @@ def test_a_tiny_grid_is_tuned_on_real_servers_and_its_answer_serves_as_written(t
     # The answer, served as it is.
     values = read_config_file(toml)
     assert Path(values["artifact"]).is_dir() and values["max_batch_size"] in (1, 4, 32)
-    with ServerProcess(["--config", str(toml)], log_path=tmp_path / "serve.log") as server:
+    served = ServerProcess(
+        ["--config", str(toml)], log_path=tmp_path / "serve.log", base_env=without_setting_variables()
+    )
+    with served as server:
         info = httpx.get(f"{server.url}/info", timeout=10).json()
         assert info["model"]["engine"] == "onnxruntime-fp32"
         assert info["model"]["max_batch_size"] == values["max_batch_size"]
-        assert info["server"]["workers_per_device"] == values["workers_per_device"]
+        sizing = info["model"]["sizing"]["workers_per_device"]
+        assert sizing["source"] == ("auto" if values["workers_per_device"] == 0 else "set")
+        assert info["server"]["workers_per_device"] == (values["workers_per_device"] or sizing["value"])
         with VisionClient(server.url) as client:
             assert client.classify(coffee_jpeg).top1.label == "espresso"
 

@@ -382,7 +382,8 @@ def test_the_plan_crosses_the_pipe_without_the_api_key_and_comes_back_whole() ->
     from service.supervisor.planning.planner import plan_serving
     from service.supervisor.planning.plans import ServePlan
 
-    plan = plan_serving(ServeSettings(model="efficientnet-lite0", api_key="s3cret-key-of-some-length"), cuda_count=0)
+    settings = ServeSettings(model="efficientnet-lite0", api_key="s3cret-key-of-some-length")
+    plan = plan_serving(settings, cuda_count=0, cores=1)
     text = plan.to_json()
     assert "s3cret" not in text
     back = ServePlan.from_json(text, ServeSettings(api_key="s3cret-key-of-some-length"))

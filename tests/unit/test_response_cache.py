@@ -86,6 +86,7 @@ def test_any_change_of_image_top_k_or_model_changes_the_key(changed: dict) -> No
     "same_answers",
     [
         {"max_batch_size": 32, "batch_timeout_ms": 0.0, "preprocess_reason": "--preprocess pil"},
+        {"sizing": {"workers_per_device": {"value": 16, "source": "auto"}, "usable_cores": 16}},  # a bigger host
         {"device": "cpu:0"},
         {"artifact": {**model_info().artifact, "directory": "/elsewhere/resnet18/1", "batch": {"max": 64}}},
     ],

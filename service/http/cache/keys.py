@@ -21,7 +21,7 @@ from service.repository.table import VersionRoute
 
 KEY_PREFIX = "vs2"
 # ModelInfo fields (and an artifact's facts) that do not change an answer.
-NOT_IN_FINGERPRINT = frozenset({"max_batch_size", "batch_timeout_ms", "preprocess_reason"})
+NOT_IN_FINGERPRINT = frozenset({"max_batch_size", "batch_timeout_ms", "preprocess_reason", "sizing"})
 NOT_IN_ARTIFACT_FINGERPRINT = frozenset({"directory", "batch", "validation"})
 FINGERPRINT_CHARS = 32  # of the 64 hex digits of a sha256: 128 bits, no collision among models in practice
 # Routes are few (one per served version) and live as long as the routing table: the memo is cleared

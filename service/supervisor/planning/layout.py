@@ -7,11 +7,11 @@ The number of HTTP processes is resolved here, once, from every starting version
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.settings import ServeSettings, resolve_api_servers
+from service.supervisor.planning.cores import usable_cores
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 
 
@@ -38,7 +38,7 @@ def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_cou
         )
     first = plans[0].serve_plan
     workers = sum(plan.serve_plan.workers for plan in plans)
-    cpus = cpu_count or os.cpu_count() or 1
+    cpus = cpu_count or usable_cores()
     api_servers = resolve_api_servers(settings.api_servers, first.accelerator, workers, cpus)
     layout = ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)
     for plan in plans[1:]:

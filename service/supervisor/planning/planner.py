@@ -28,10 +28,13 @@ from service.repository.layout import (
     read_model_folder,
 )
 from service.settings import ServeSettings, resolve_pipeline_depth
+from service.supervisor.planning.cores import usable_cores
 from service.supervisor.planning.memory import check_memory
 from service.supervisor.planning.plans import LoadRequest, ServePlan, VersionPlan
+from service.supervisor.planning.sizing import ModelCost, choose_sizing, measure_cost
 
 if TYPE_CHECKING:
+    from compile.catalog import ModelEntry
     from compile.manifest import Manifest
 
 logger = logging.getLogger(__name__)
@@ -141,10 +144,23 @@ def artifact_facts(directory: str, manifest: Manifest) -> dict:
     }
 
 
-def plan_serving(settings: ServeSettings, cuda_count: int | None = None) -> ServePlan:
-    """The plan for ``settings`` on this machine; ``ValueError`` says what to change. Imports torch."""
+def model_cost(entry: ModelEntry, manifest: Manifest | None, artifact: str) -> ModelCost:
+    """What one image costs the model ``entry`` (an artifact's, or the eager one) to run."""
+    from compile.weights import FILE_FAMILIES, build_architecture
+
+    model_file = None
+    if entry.family in FILE_FAMILIES:
+        model_file = Path(artifact) / manifest.engine_file if manifest is not None else Path(entry.model)
+    return measure_cost(entry.family, lambda: build_architecture(entry), model_file, entry.preprocess.crop_size)
+
+
+def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: int | None = None) -> ServePlan:
+    """The plan for ``settings`` on this machine; ``ValueError`` says what to change. Imports torch.
+
+    ``cores``: those this plan's workers may use (default: every core this process may use)."""
     import torch
 
+    from compile.catalog import entry_from_manifest
     from compile.model_request import ModelRequest
     from compile.model_source import resolve_model
     from preprocessing import resolve_preprocess_backend
@@ -162,12 +178,25 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None) -> Serv
     if manifest is not None:
         spec, labels_source, labels = manifest.preprocess, manifest.labels_source, manifest.labels
         weights, engine = manifest.weights_source, manifest.engine_name
+        entry = entry_from_manifest(manifest)
     else:
         # Fail fast on a bad name, labels file or model file, before spawning workers.
         entry = resolve_model(ModelRequest.from_settings(settings))
         spec, labels_source, labels = entry.preprocess, entry.labels_source, entry.labels
         weights, engine = settings.weights, eager_engine_name(entry.family)
         settings = dataclasses.replace(settings, name=entry.name)
+    sizing = choose_sizing(
+        settings.workers_per_device,
+        settings.engine_threads,
+        accelerator,
+        1 if accelerator == "cpu" else int(devices),
+        usable_cores() if cores is None else cores,
+        model_cost(entry, manifest, settings.artifact),
+    )
+    logger.info("Serving %s: %s", settings.name, sizing.describe())
+    settings = dataclasses.replace(
+        settings, workers_per_device=sizing.workers_per_device, engine_threads=sizing.engine_threads
+    )
     model = ModelInfo(
         model=settings.name,
         weights=weights,
@@ -182,6 +211,7 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None) -> Serv
         artifact=None if manifest is None else artifact_facts(settings.artifact, manifest),
         source=settings.model,
         labels=labels,
+        sizing=sizing.to_dict(),
     )
     workers = (1 if accelerator == "cpu" else devices) * settings.workers_per_device
     settings = dataclasses.replace(
@@ -225,15 +255,21 @@ def plan_repository(
         else:
             override = parse_config_override(load.config) if load.config else ModelConfig()
             folders = [(read_model_folder(repository, load.model), override)]
-        plans = []
+        chosen = []
         for folder, override in folders:
             config = folder.config.merged(override)
             for version in config.policy.select(list(folder.versions)):
-                try:
-                    chosen = version_settings(settings, folder.name, folder.versions[version], config)
-                    plan = plan_serving(chosen, cuda_count)
-                except (ValueError, OSError) as exc:
-                    raise ValueError(f"Model {folder.name!r} version {version}: {exc}") from None
-                plans.append(VersionPlan(folder.name, version, plan))
+                chosen.append((folder, version, config))
+        # The versions that start together share the cores; a later load sizes its own as if alone.
+        cores = max(1, usable_cores() // max(1, len(chosen)))
+        plans = []
+        for folder, version, config in chosen:
+            try:
+                version_plan = plan_serving(
+                    version_settings(settings, folder.name, folder.versions[version], config), cuda_count, cores
+                )
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"Model {folder.name!r} version {version}: {exc}") from None
+            plans.append(VersionPlan(folder.name, version, version_plan))
     check_memory(plans)
     return plans

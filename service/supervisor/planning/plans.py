@@ -66,3 +66,21 @@ class LoadRequest:
 
     model: str
     config: str = ""  # Triton's model config as JSON, or ""
+
+
+def render_chosen(plans: list[VersionPlan]) -> str:
+    """What the planner chose for each version (its workers and threads, and why), as comment lines
+    that can follow --print-config's settings: the file stays usable as a config file."""
+    lines = ["", "# Chosen at start on this machine, for the values left at 0 (auto) above:"]
+    for plan in plans:
+        sizing = plan.serve_plan.model.sizing or {}
+        settings = plan.serve_plan.settings
+        lines.append(
+            f"#   {plan.name} v{plan.version}: workers_per_device = {settings.workers_per_device} "
+            f"({sizing.get('workers_per_device', {}).get('source', '?')}), engine_threads = "
+            f"{settings.engine_threads} ({sizing.get('engine_threads', {}).get('source', '?')}), "
+            f"pipeline_depth = {settings.pipeline_depth}"
+        )
+        if sizing.get("why"):
+            lines.append(f"#     why: {sizing['why']}")
+    return "\n".join(lines) + "\n"
