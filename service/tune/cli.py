@@ -41,7 +41,7 @@ _HELP = {
     "(docs/tuning.md)",
     "max_batch_sizes": "values of --max-batch-size to try, e.g. 1,4,8,32",
     "batch_timeouts_ms": "values of --batch-timeout-ms to try, e.g. 0,10",
-    "workers_per_device": "values of --workers-per-device to try, e.g. 1,2",
+    "workers_per_device": "values of --workers-per-device to try, e.g. 0,1,2 (0: the server's own choice)",
     "api_servers": "values of --api-servers to try (0: automatic), e.g. 0,2,4",
     "pipeline_depths": "values of --pipeline-depth to try (0: automatic), e.g. 1,2",
     "preprocess": "preprocessing backends to try, e.g. pil,dali (torch, cvcuda, dali on a GPU)",

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
+
 from service.client.launcher import ServerProcess, ServerStartError
 from service.settings import without_setting_variables
 from service.tune import _defaults
@@ -91,6 +93,9 @@ class Measurement:
     startup_s: float = 0.0
     seconds: float = 0.0
     error: str = ""
+    # Workers per device x engine threads as the server chose or took them (/info): what "0" (the
+    # server's choice) meant on this machine.
+    layout: str = ""
 
     @property
     def chosen(self) -> Step | None:
@@ -169,8 +174,9 @@ def measure(
                 candidate, phase, round_number, FAILED, plan.p99_ms, seconds=seconds, error=str(exc)[-2000:]
             )
         startup_s = time.perf_counter() - started
+        workers, layout = served_layout(server.url)
         with FootprintSampler(server.process.pid, server.url, gpu=plan.gpu) as sampler:
-            load = _Load(candidate, f"{server.url}/predict", images, plan, status)
+            load = _Load(candidate, f"{server.url}/predict", images, plan, status, workers)
             steps = load.ladder()
             capacity = choose(steps, plan.p99_ms)
             runs = load.poisson(RateSearch(
@@ -196,21 +202,34 @@ def measure(
         footprint.gpu_mib,
         round(startup_s, 2),
         round(time.perf_counter() - started, 2),
+        layout=layout,
     )
+
+
+def served_layout(url: str) -> tuple[int, str]:
+    """The workers per device the server runs (the candidate's 0 is the server's choice) and its
+    ``workers x threads``, from /info."""
+    server = httpx.get(f"{url}/info", timeout=10).json()["server"]
+    workers = int(server["workers_per_device"])
+    return workers, f"{workers} x {server.get('engine_threads', '?')}"
 
 
 class _Load:
     """The load runs against one running server."""
 
     def __init__(
-        self, candidate: Candidate, url: str, images: Sequence[bytes], plan: LoadPlan, status: StatusLine
+        self,
+        candidate: Candidate,
+        url: str,
+        images: Sequence[bytes],
+        plan: LoadPlan,
+        status: StatusLine,
+        workers_per_device: int,
     ) -> None:
         self.candidate, self.url, self.images, self.plan, self.status = candidate, url, images, plan, status
         devices = devices_of(candidate, plan.devices)
-        slots = candidate.max_batch_size * candidate.workers_per_device * devices
-        self.ceiling = max_concurrency(
-            candidate.max_batch_size, candidate.workers_per_device, devices, plan.max_concurrency
-        )
+        slots = candidate.max_batch_size * workers_per_device * devices
+        self.ceiling = max_concurrency(candidate.max_batch_size, workers_per_device, devices, plan.max_concurrency)
         self.warmup = min(self.ceiling, slots, _defaults.WARMUP_MAX_CONCURRENCY)
 
     def ladder(self) -> list[Step]:

@@ -101,8 +101,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
 
 
-def settings_rows(candidate: Candidate, default: Candidate) -> list[list[str]]:
-    return [[name, f"`{getattr(candidate, name)}`", f"`{getattr(default, name)}`"] for name in DIMENSIONS]
+def settings_rows(candidate: Candidate, default: Candidate, layouts: tuple[str, str] = ("", "")) -> list[list[str]]:
+    """``layouts``: each one's workers x engine threads as served, which says what workers 0 (the
+    server's choice) came to."""
+
+    def cell(c: Candidate, name: str, layout: str) -> str:
+        value = getattr(c, name)
+        if name == "workers_per_device" and value == 0 and layout:
+            return f"`0` (the server's choice: {layout} workers x threads)"
+        return f"`{value}`"
+
+    return [[name, cell(candidate, name, layouts[0]), cell(default, name, layouts[1])] for name in DIMENSIONS]
+
+
+def _layout(record: TuneRecord, candidate: Candidate) -> str:
+    measured = record.measurement(candidate)
+    return measured.layout if measured is not None else ""
 
 
 def markdown(record: TuneRecord, plot_name: str | None, csv_name: str) -> str:
@@ -125,7 +139,14 @@ def markdown(record: TuneRecord, plot_name: str | None, csv_name: str) -> str:
             f"p99 {_ms(run.p99_ms)} ms; closed loop {chosen.throughput_rps:.1f} img/s at c={chosen.concurrency} "
             f"(p99 {_ms(chosen.p99_ms)} ms)."
         )
-        lines += ["", *_table(["setting", "tuned", "defaults"], settings_rows(record.tuned, record.default)), ""]
+        lines += [
+            "",
+            *_table(
+                ["setting", "tuned", "defaults"],
+                settings_rows(record.tuned, record.default, (tuned.layout, _layout(record, record.default))),
+            ),
+            "",
+        ]
     lines += confirm_section(record)
     if plot_name:
         lines += [f"![throughput vs p99]({plot_name})", ""]

@@ -127,7 +127,7 @@ class TuneSettings(ModelRequest):
             "engines": parse_engines,
             "max_batch_sizes": lambda text: parse_numbers("--max-batch-sizes", text, int, minimum=1),
             "batch_timeouts_ms": lambda text: parse_numbers("--batch-timeouts-ms", text, float, minimum=0),
-            "workers_per_device": lambda text: parse_numbers("--workers-per-device", text, int, minimum=1),
+            "workers_per_device": lambda text: parse_numbers("--workers-per-device", text, int, minimum=0),
             "api_servers": lambda text: parse_numbers("--api-servers", text, int, minimum=0),
             "pipeline_depths": lambda text: parse_numbers("--pipeline-depths", text, int, minimum=0),
             "preprocess": parse_preprocess,

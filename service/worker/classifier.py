@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,7 @@ from service.worker.engine import (
     load_artifact,
     load_eager,
     set_worker_threads,
+    with_lone_engine,
 )
 
 logger = logging.getLogger(__name__)
@@ -128,6 +130,9 @@ class Classifier:
         on_gpu = device.type == "cuda"
         self.prepare_stream = torch.cuda.Stream(device) if self.pipelined and on_gpu else None
         self.heap_trimmer = HeapTrimmer()
+        # Whether every other worker is idle (the loop's runner tells: service/worker/runner.py);
+        # until then never, and a lone image runs on this worker's own threads.
+        self.others_idle: Callable[[], bool] = lambda: False
         self._gpu_memory_sampled_at = 0.0
 
     @classmethod
@@ -137,6 +142,13 @@ class Classifier:
         bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
         set_worker_threads(torch_device, settings.engine_threads)
         served = load_served_model(settings, torch_device)
+        if torch_device.type == "cpu" and settings.workers_per_device > 1:
+            served = with_lone_engine(
+                served,
+                settings.engine_threads,
+                settings.engine_threads * settings.workers_per_device,
+                lambda: load_served_model(settings, torch_device),
+            )
         preprocessor = create_preprocessor(
             settings.preprocess,
             served.entry.preprocess,
@@ -158,6 +170,10 @@ class Classifier:
         record_gpu_memory(torch_device)
         return classifier
 
+    def watch_other_workers(self, others_idle: Callable[[], bool]) -> None:
+        """The loop's hook: how to tell that no other worker is running a batch."""
+        self.others_idle = others_idle
+
     def warm_up(self) -> None:
         """Run the full path at the batch sizes requests will form, so first requests are not slow."""
         started = time.perf_counter()
@@ -166,6 +182,9 @@ class Classifier:
             results = self._classify(self.prepare([ImageRequest(sample)] * size))
             if any(r.error for r in results):
                 raise RuntimeError(f"Warm-up failed: {results[0].error}")
+        if self.served.lone_run is not None:  # its own session to warm, or its thread count's kernels
+            with torch.inference_mode():
+                self.served(self.prepare([ImageRequest(sample)]).prepared.images, alone=True)
         logger.info("Warm-up done in %.1f s", time.perf_counter() - started)
 
     def prepare(self, requests: list[ImageRequest]) -> ClassifyBatch:
@@ -232,7 +251,7 @@ class Classifier:
         started = time.perf_counter()
         k = min(max(batch.top_k[i] for i in ok), self.served.entry.num_classes)
         with self.heap_trimmer.busy(), torch.inference_mode():
-            logits = self.served(prepared.images)
+            logits = self.served(prepared.images, alone=len(ok) == 1 and self.others_idle())
             # Softmax and top-k on the device: only k values per image cross back to the host.
             probabilities, indices = logits.float().softmax(dim=1).topk(k, dim=1)
             probabilities, indices = probabilities.cpu().tolist(), indices.cpu().tolist()

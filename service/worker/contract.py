@@ -30,6 +30,9 @@ class BatchedModel(Protocol[Prepared]):
         """After a failure: why the device can no longer run work (a sticky CUDA error), or None."""
         ...
 
+    # Optional: ``watch_other_workers(others_idle)``, called once by the loop with a function that says
+    # whether every other worker is idle (the Classifier then runs a lone image on their cores too).
+
 
 @dataclass(frozen=True)
 class BatchPolicy:

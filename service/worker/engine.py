@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +39,13 @@ class ServedModel:
     description: str = ""
     # The layout the engine reads: channels_last for torch's engines, NCHW for ONNX Runtime.
     memory_format: torch.memory_format = torch.channels_last
+    # On a CPU with several workers: the engine on the cores of all of them, for a lone image
+    # (``with_lone_engine``); None: every batch runs on the worker's own share.
+    lone_run: EngineCallable | None = None
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits for ``images``; pads a batch below the engine's minimum and splits one above its maximum."""
+    def __call__(self, images: torch.Tensor, alone: bool = False) -> torch.Tensor:
+        """Logits for ``images``; pads a batch below the engine's minimum and splits one above its maximum.
+        ``alone``: no other worker is running a batch, so a single image may use their cores too."""
         # Compiled engines assume the layout they were traced with (channels_last) and do not check
         # strides: an NCHW-contiguous batch would give wrong logits. A no-op when it is in that layout.
         images = images.contiguous(memory_format=self.memory_format)
@@ -51,7 +56,8 @@ class ServedModel:
             # An engine built for MIN..MAX rejects smaller batches: repeat the last image, drop its rows.
             padding = images[-1:].expand(self.batch_min - count, *images.shape[1:])
             images = torch.cat([images, padding]).contiguous(memory_format=self.memory_format)
-        return self.run(images)[:count]
+        run = self.lone_run if alone and count == 1 and self.lone_run is not None else self.run
+        return run(images)[:count]
 
 
 def bind_worker_device(device: torch.device) -> None:
@@ -71,6 +77,39 @@ def set_worker_threads(device: torch.device, threads: int) -> None:
     and oversubscribing them only adds contention. ONNX Runtime sessions take the same number."""
     if device.type == "cpu":
         torch.set_num_threads(max(1, threads))
+
+
+def with_lone_engine(
+    served: ServedModel, threads: int, lone_threads: int, load_again: Callable[[], ServedModel]
+) -> ServedModel:
+    """``served`` with a ``lone_run`` on ``lone_threads`` (the cores of all the model's workers).
+
+    Several single-threaded workers serve a small model fastest under load, but a lone request then
+    runs on one core where one worker with every thread ran it faster. A batch of one image while no
+    other worker is running (service/worker/runner.py) takes their idle cores. torch's engines switch
+    their thread count for the call; an ONNX Runtime session's threads are fixed when it opens, so it
+    gets a second session (``load_again`` with torch set to ``lone_threads``: the session takes
+    torch's count), which for the small models that get several workers costs a few MB.
+    """
+    if lone_threads <= threads:
+        return served
+    if served.engine_name.startswith("onnxruntime"):
+        torch.set_num_threads(lone_threads)
+        try:
+            lone = load_again().run
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        shared = served.run
+
+        def lone(images: torch.Tensor) -> torch.Tensor:
+            torch.set_num_threads(lone_threads)
+            try:
+                return shared(images)
+            finally:
+                torch.set_num_threads(threads)
+
+    return dataclasses.replace(served, lone_run=lone)
 
 
 def decode_threads(engine_threads: int, device: torch.device) -> int | None:

@@ -69,6 +69,9 @@ class GreedyBatchedLoop(WorkerLoop):
         channel = WorkerChannel(self.channels, worker_id)
         collector = BatchCollector(channel, self.policy)
         runner = BatchRunner(model, channel, worker_id, self.running)
+        watch = getattr(model, "watch_other_workers", None)  # optional: service/worker/contract.py
+        if watch is not None:
+            watch(runner.others_idle)
         try:
             if self.policy.pipeline_depth > 1:
                 PipelinedRunner(collector, runner, self.policy.pipeline_depth - 1).serve(threading.Event())

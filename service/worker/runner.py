@@ -48,6 +48,14 @@ class BatchRunner(Generic[Prepared]):
         self.running = running
         self._slot = worker_id % len(running) if running is not None else 0
 
+    def others_idle(self) -> bool:
+        """Whether no other worker of the server is running a batch now (a lone image may then use
+        their cores: service/worker/engine.py, ``with_lone_engine``)."""
+        running, slot = self.running, self._slot
+        if running is None:
+            return False
+        return not any(size for index, size in enumerate(running) if index != slot)
+
     def run_batch(self, batch: list[QueuedRequest]) -> None:
         """Prepare and run one batch, and answer it (pipeline depth 1)."""
         self.finish(batch, self.prepare(batch))

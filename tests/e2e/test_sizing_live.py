@@ -1,6 +1,7 @@
 """The defaults chosen from the engine and the machine, live: a server started with nothing said about
 workers or threads serves EfficientNet-Lite0 with a worker per usable core (a small model), says so in
-its startup log and /info, and answers concurrent requests right from every worker."""
+its startup log and /info, and answers right both a lone request (run on the cores of every idle
+worker) and concurrent ones."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def test_defaults_give_a_small_model_a_worker_per_core_and_say_why(tmp_path, che
 
         def classify(_: int) -> httpx.Response:
             return httpx.post(f"{server.url}/predict", files={"image": chelsea_jpeg}, timeout=60)
+
+        # One at a time: each a lone image while the other workers idle, on all their threads.
+        alone = [classify(n) for n in range(4)]
+        assert [a.json()["predictions"][0]["label"] in CAT_LABELS for a in alone] == [True] * 4
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(classify, range(32)))

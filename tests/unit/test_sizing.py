@@ -193,3 +193,15 @@ def test_print_config_fails_like_a_start_on_settings_that_cannot_serve(capsys) -
     with pytest.raises(SystemExit) as exited:
         main(["--print-config", "--model", "no-such-model"])
     assert exited.value.code == 2 and "would not start a server" in capsys.readouterr().err
+
+
+def test_the_tune_reports_what_the_servers_choice_came_to() -> None:
+    """vision-tune's baseline is the defaults, workers 0: its report says what the server made of it."""
+    from service.tune.report import settings_rows
+    from service.tune.space import Candidate
+
+    defaults = Candidate("onnx-fp32", 32, 0, 0.0, 0, 0, "pil", "cpu")
+    tuned = defaults.replace(max_batch_size=8, workers_per_device=2)
+    rows = {row[0]: row[1:] for row in settings_rows(tuned, defaults, ("2 x 1", "2 x 1"))}
+    assert rows["workers_per_device"] == ["`2`", "`0` (the server's choice: 2 x 1 workers x threads)"]
+    assert rows["max_batch_size"] == ["`8`", "`32`"]
