@@ -39,9 +39,17 @@ def directory_bytes(directory: str | Path) -> int:
 
 
 def worker_bytes(plan: VersionPlan) -> int:
-    settings = plan.serve_plan.settings
+    serve_plan = plan.serve_plan
+    settings = serve_plan.settings
     files = settings.artifact or (settings.weights if Path(settings.weights).is_file() else settings.model)
-    return 2 * directory_bytes(files) + WORKER_BASE_BYTES[plan.serve_plan.accelerator]
+    copies = 2
+    if (
+        serve_plan.accelerator == "cpu"
+        and settings.workers_per_device > 1
+        and serve_plan.model.engine.startswith("onnx")
+    ):
+        copies += 1  # its second session, for a lone image (service/worker/engine.py: with_lone_engine)
+    return copies * directory_bytes(files) + WORKER_BASE_BYTES[serve_plan.accelerator]
 
 
 def available_cpu_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
