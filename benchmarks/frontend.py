@@ -148,8 +148,14 @@ def make_target(name: str, image: bytes, port: int, triton_python: Callable[[], 
         command = [
             *(python, "-m", "benchmarks.frontend_server", "--model", MODEL, "--port", str(port)),
             *("--api-servers", match[1]),
+            # The no-op stands in for a GPU, which the server gives one worker; on this CPU it would
+            # give Lite0 a worker per core, and the second no-op worker would take the front end's cores.
+            *("--workers-per-device", "1"),
         ]
-        notes = f"production path, --api-servers {match[1]}, default settings (info log), no-op decode and model"
+        notes = (
+            f"production path, --api-servers {match[1]}, one worker (as on a GPU), default settings otherwise "
+            "(info log), no-op decode and model"
+        )
         return Target(name, port, command, "/ready", image_request(image), notes=notes)
     if name == "litserve":
         command = [python, "-m", "benchmarks.peers.litserve_noop", "--port", str(port)]

@@ -25,10 +25,12 @@ ENGINE_THREADS = 0
 # The rule behind those zeros (service/supervisor/planning/sizing.py). A model under SMALL_MODEL_GMACS
 # multiply-accumulates per image (EfficientNet-Lite0 0.39, MobileNetV3 0.22, ResNet-18 1.8) gets a
 # worker per core on a CPU; a larger one (ResNet-50 4.1, ResNet-152 11.5) a worker per
-# CPU_LARGE_MODEL_THREADS cores. Never more than MAX_CPU_WORKERS workers on a CPU: each holds its own
-# engine and interpreter, and past it more threads per worker pay better than more processes.
+# CPU_LARGE_MODEL_THREADS cores, and at least MIN_CPU_WORKERS (one decodes while another runs its
+# engine). Never more than MAX_CPU_WORKERS workers on a CPU: each holds its own engine and
+# interpreter, and past it more threads per worker pay better than more processes.
 SMALL_MODEL_GMACS = 2.0
 CPU_LARGE_MODEL_THREADS = 8
+MIN_CPU_WORKERS = 2
 MAX_CPU_WORKERS = 16
 # A model file's (ONNX, exported program) cost is estimated from its size: 4 bytes a parameter, and
 # this many GMACs per million parameters (the upper end of image classifiers: ResNet-152 0.19).

@@ -36,7 +36,9 @@ class NoopClassifier(Classifier):
         def zero_logits(images: torch.Tensor) -> torch.Tensor:
             return torch.zeros((len(images), num_classes))
 
-        classifier.served = dataclasses.replace(classifier.served, engine_name=ENGINE_NOOP, run=zero_logits)
+        classifier.served = dataclasses.replace(
+            classifier.served, engine_name=ENGINE_NOOP, run=zero_logits, lone_run=None
+        )
         classifier.preprocessor = NoopPreprocessor(classifier.served.entry.preprocess, torch.device("cpu"))
         # The no-op stands in for a GPU, where softmax and top-k are kernel launches; on a CPU
         # thread pool they would spin on cores the front end needs (most of the worker's profile

@@ -54,7 +54,7 @@ class BatchRunner(Generic[Prepared]):
         running, slot = self.running, self._slot
         if running is None:
             return False
-        return not any(size for index, size in enumerate(running) if index != slot)
+        return not (any(running[:slot]) or any(running[slot + 1 :]))  # slices: C speed over 1,024 slots
 
     def run_batch(self, batch: list[QueuedRequest]) -> None:
         """Prepare and run one batch, and answer it (pipeline depth 1)."""

@@ -23,7 +23,7 @@ UNKNOWN = ModelCost(None, "not counted")
     ("cores", "small", "large"),
     [
         (1, (1, 1), (1, 1)),
-        (2, (2, 1), (1, 2)),
+        (2, (2, 1), (2, 1)),  # large: two at least, one decoding while the other runs
         (16, (16, 1), (2, 8)),
         (64, (16, 4), (8, 8)),  # small: capped at MAX_CPU_WORKERS, the rest as threads
     ],
@@ -205,3 +205,21 @@ def test_the_tune_reports_what_the_servers_choice_came_to() -> None:
     rows = {row[0]: row[1:] for row in settings_rows(tuned, defaults, ("2 x 1", "2 x 1"))}
     assert rows["workers_per_device"] == ["`2`", "`0` (the server's choice: 2 x 1 workers x threads)"]
     assert rows["max_batch_size"] == ["`8`", "`32`"]
+
+
+def test_workers_it_chose_give_way_to_memory_and_workers_set_are_refused(monkeypatch) -> None:
+    """Two workers chosen for ResNet-152 on 2 cores, with memory free for one: one worker on both cores,
+    said in its sizing. Two workers the user asked for, with the same memory: refused with the numbers."""
+    from service.supervisor.planning import memory, planner
+
+    monkeypatch.setattr(planner, "usable_cores", lambda: 2)
+    settings = ServeSettings(model="resnet152", weights="random")
+    [chosen] = planner.plan_repository(settings, cuda_count=0)
+    assert chosen.serve_plan.workers == 2  # plenty of memory here
+    one_fits = memory.worker_bytes(chosen) * 3 // 2
+    monkeypatch.setattr(memory, "available_cpu_bytes", lambda: one_fits)
+    [fitted] = planner.plan_repository(settings, cuda_count=0)
+    assert (fitted.serve_plan.workers, fitted.serve_plan.settings.engine_threads) == (1, 2)
+    assert "free memory holds no more" in fitted.serve_plan.model.sizing["why"]
+    with pytest.raises(ValueError, match="Not enough memory"):
+        planner.plan_repository(ServeSettings(model="resnet152", weights="random", workers_per_device=2), cuda_count=0)

@@ -185,13 +185,16 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: 
         spec, labels_source, labels = entry.preprocess, entry.labels_source, entry.labels
         weights, engine = settings.weights, eager_engine_name(entry.family)
         settings = dataclasses.replace(settings, name=entry.name)
+    # The cost decides only what a CPU leaves to the server: skip counting it otherwise.
+    chooses = accelerator == "cpu" and not (settings.workers_per_device and settings.engine_threads)
+    cost = model_cost(entry, manifest, settings.artifact) if chooses else ModelCost(None, "not needed")
     sizing = choose_sizing(
         settings.workers_per_device,
         settings.engine_threads,
         accelerator,
         1 if accelerator == "cpu" else int(devices),
         usable_cores() if cores is None else cores,
-        model_cost(entry, manifest, settings.artifact),
+        cost,
     )
     logger.info("Serving %s: %s", settings.name, sizing.describe())
     settings = dataclasses.replace(
@@ -271,5 +274,36 @@ def plan_repository(
             except (ValueError, OSError) as exc:
                 raise ValueError(f"Model {folder.name!r} version {version}: {exc}") from None
             plans.append(VersionPlan(folder.name, version, version_plan))
-    check_memory(plans)
+    try:
+        check_memory(plans)
+    except ValueError:
+        # Workers the server chose, not the user: one each (their threads take the cores) before
+        # refusing. What the user set is refused with the numbers, as before.
+        fewer = [one_worker(plan) for plan in plans]
+        if fewer == plans:
+            raise
+        check_memory(fewer)
+        logger.warning("Not enough free memory for the workers chosen for this machine: one worker per model.")
+        plans = fewer
     return plans
+
+
+def one_worker(plan: VersionPlan) -> VersionPlan:
+    """``plan`` with one worker on all its cores, if it runs on a CPU with several workers it chose."""
+    serve_plan, sizing = plan.serve_plan, plan.serve_plan.model.sizing or {}
+    chose = sizing.get("workers_per_device", {}).get("source") == "auto"
+    if serve_plan.accelerator != "cpu" or not chose or serve_plan.workers == 1:
+        return plan
+    settings = serve_plan.settings
+    threads = settings.engine_threads * settings.workers_per_device
+    settings = dataclasses.replace(settings, workers_per_device=1, engine_threads=threads)
+    sizing = {
+        **sizing,
+        "workers_per_device": {"value": 1, "source": "auto"},
+        "engine_threads": {"value": threads, "source": sizing["engine_threads"]["source"]},
+        "why": f"{sizing['why']}; then one worker: the free memory holds no more",
+    }
+    model = dataclasses.replace(serve_plan.model, sizing=sizing)
+    return dataclasses.replace(
+        plan, serve_plan=dataclasses.replace(serve_plan, settings=settings, workers=1, model=model)
+    )

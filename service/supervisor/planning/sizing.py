@@ -3,13 +3,16 @@ the settings leave them at 0: chosen from what one image costs the engine and th
 may use. Any flag, env var or config value given for either wins, and the other is fitted around it.
 
 On a CPU one worker decodes a batch, then runs it: while it decodes (Pillow, one image per thread)
-and while its Python moves requests and answers, its engine threads wait. A small model (well under
-a GFLOP per image) spends a large share of each image there, and its engine gains little from a
-second thread on a batch this small; several single-threaded workers keep every core busy, each
-decoding while another runs its engine. A large model spends nearly all of each image in its engine,
-which uses every thread it gets; a second worker only halves the threads a lone request runs on.
-So: small models get a worker per core (up to MAX_CPU_WORKERS, then more threads each), large and
-unknown ones a worker per CPU_LARGE_MODEL_THREADS cores. Either way workers x threads = the cores.
+and while its Python moves requests and answers, its engine threads wait. A small model (under
+SMALL_MODEL_GMACS per image) spends a large share of each image there: several single-threaded
+workers keep every core busy, each decoding while another runs its engine. A large model spends
+nearly all of each image in its engine, which uses every thread it gets: a worker per
+CPU_LARGE_MODEL_THREADS cores, so that a request under load runs on several threads, and at least
+MIN_CPU_WORKERS, so that one decodes while another runs its engine. So: small models get a worker
+per core (up to MAX_CPU_WORKERS, then more threads each), large and unknown ones a worker per
+CPU_LARGE_MODEL_THREADS cores, at least two. Either way workers x threads = the cores; and a lone
+image, while the other workers idle, runs on all their threads (service/worker/engine.py:
+``with_lone_engine``).
 
 On a GPU one worker per device: its pipeline (depth 2) prepares the next batch while the engine runs
 this one, and a second worker would hold a second copy of the engine for the same streaming
@@ -106,11 +109,13 @@ def _cpu(workers: int, threads: int, cores: int, cost: ModelCost) -> tuple[int, 
             "while the others run the engine"
         )
     else:
-        chosen = max(1, cores // _defaults.CPU_LARGE_MODEL_THREADS)
+        # Two workers at least: one decodes and moves requests while the other runs its engine.
+        chosen = max(min(_defaults.MIN_CPU_WORKERS, cores), cores // _defaults.CPU_LARGE_MODEL_THREADS)
         size = "a large model" if cost.gmacs is not None else "a model of unknown size"
         reason = (
-            f"{size} ({cost.describe()}): its engine uses every thread it gets, so one worker per "
-            f"{_defaults.CPU_LARGE_MODEL_THREADS} cores, and a lone request runs on all of them"
+            f"{size} ({cost.describe()}): its engine uses every thread it gets, so a worker per "
+            f"{_defaults.CPU_LARGE_MODEL_THREADS} cores, and at least {_defaults.MIN_CPU_WORKERS} so that one "
+            "decodes while another runs"
         )
     chosen = min(chosen, _defaults.MAX_CPU_WORKERS)
     return chosen, max(1, cores // chosen), f"{cores} usable cores, {reason}"
