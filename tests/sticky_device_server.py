@@ -34,7 +34,7 @@ _broken = False
 _run_model = engine.ServedModel.__call__
 
 
-def _run_or_fail(self: engine.ServedModel, images: torch.Tensor) -> torch.Tensor:
+def _run_or_fail(self: engine.ServedModel, images: torch.Tensor, alone: bool = False) -> torch.Tensor:
     global _broken
     if not _broken and TRIGGER.exists():
         TRIGGER.unlink(missing_ok=True)
@@ -43,7 +43,7 @@ def _run_or_fail(self: engine.ServedModel, images: torch.Tensor) -> torch.Tensor
             images.new_zeros(1)[torch.tensor([images.numel()], device=images.device)].item()
     if _broken:
         raise RuntimeError(FAULT)
-    return _run_model(self, images)
+    return _run_model(self, images, alone)
 
 
 def _unusable_device(device: torch.device | str) -> str | None:

@@ -91,7 +91,33 @@ def warmup_batch_sizes(served: ServedModel, max_batch_size: int) -> list[int]:
 
 
 def load_served_model(settings: ServeSettings, device: torch.device) -> ServedModel:
-    """The artifact ``settings`` names, or the model of ``--model`` uncompiled."""
+    """The artifact ``settings`` names, or the model of ``--model`` uncompiled; on a CPU with several
+    workers, with an engine on all their cores for a lone image (``with_lone_engine``)."""
+    served = load_engine(settings, device)
+    if device.type == "cpu" and settings.workers_per_device > 1:
+        threads = settings.engine_threads
+        lone_threads = threads * settings.workers_per_device
+        served = with_lone_engine(served, threads, lone_threads, lambda: load_engine(settings, device))
+        if served.lone_run is not None:  # warm it too: its own session, or its thread count's kernels
+            crop = served.entry.preprocess.crop_size
+            with torch.inference_mode():
+                served(torch.zeros(1, 3, crop, crop), alone=True)
+    return served
+
+
+def make_preprocessor(settings: ServeSettings, served: ServedModel, device: torch.device) -> Preprocessor:
+    """The preprocessing backend the settings name, for the served model's input, on ``device``."""
+    return create_preprocessor(
+        settings.preprocess,
+        served.entry.preprocess,
+        device,
+        max_batch_size=settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
+        decode_threads=decode_threads(settings.engine_threads, device),
+    )
+
+
+def load_engine(settings: ServeSettings, device: torch.device) -> ServedModel:
     if settings.artifact:
         return load_artifact(settings.artifact, device, settings.served_name)
     return load_eager(ModelRequest.from_settings(settings), settings.weights, device)
@@ -142,21 +168,7 @@ class Classifier:
         bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
         set_worker_threads(torch_device, settings.engine_threads)
         served = load_served_model(settings, torch_device)
-        if torch_device.type == "cpu" and settings.workers_per_device > 1:
-            served = with_lone_engine(
-                served,
-                settings.engine_threads,
-                settings.engine_threads * settings.workers_per_device,
-                lambda: load_served_model(settings, torch_device),
-            )
-        preprocessor = create_preprocessor(
-            settings.preprocess,
-            served.entry.preprocess,
-            torch_device,
-            max_batch_size=settings.max_batch_size,
-            max_image_pixels=settings.max_image_pixels,
-            decode_threads=decode_threads(settings.engine_threads, torch_device),
-        )
+        preprocessor = make_preprocessor(settings, served, torch_device)
         logger.info(
             "Model loaded: model=%s engine=%s device=%s, %s; warming up",
             served.entry.name,
@@ -182,9 +194,6 @@ class Classifier:
             results = self._classify(self.prepare([ImageRequest(sample)] * size))
             if any(r.error for r in results):
                 raise RuntimeError(f"Warm-up failed: {results[0].error}")
-        if self.served.lone_run is not None:  # its own session to warm, or its thread count's kernels
-            with torch.inference_mode():
-                self.served(self.prepare([ImageRequest(sample)]).prepared.images, alone=True)
         logger.info("Warm-up done in %.1f s", time.perf_counter() - started)
 
     def prepare(self, requests: list[ImageRequest]) -> ClassifyBatch:
