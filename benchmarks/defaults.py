@@ -107,16 +107,13 @@ def _bound_process(source: dict, threads: int, batch: int, seconds: float, start
     """One process of the bound: Pillow decode and the engine, ``threads`` each, no server."""
     import torch
 
-    from compile.model_request import ModelRequest
+    from benchmarks.ceiling import load_served
     from preprocessing.pil_backend import PilPreprocessor
-    from service.worker.engine import load_artifact, load_eager, set_worker_threads
+    from service.worker.engine import set_worker_threads
 
     device = torch.device("cpu")
     set_worker_threads(device, threads)
-    if source["artifact"]:
-        served = load_artifact(source["artifact"], device)
-    else:
-        served = load_eager(ModelRequest(source["model"]), source["weights"], device)
+    served = load_served(source["model"], source["weights"], source["artifact"] or None, device)
     prepare = PilPreprocessor(served.entry.preprocess, device, num_threads=threads)
     images = [photo_jpegs(*IMAGENET_SIZE)[0]] * batch  # the photo wrk sends the servers
 

@@ -260,7 +260,9 @@ class Classifier:
         started = time.perf_counter()
         k = min(max(batch.top_k[i] for i in ok), self.served.entry.num_classes)
         with self.heap_trimmer.busy(), torch.inference_mode():
-            logits = self.served(prepared.images, alone=len(ok) == 1 and self.others_idle())
+            # Only a worker with a lone engine asks the others: the shared array is read for nothing else.
+            alone = self.served.lone_run is not None and len(ok) == 1 and self.others_idle()
+            logits = self.served(prepared.images, alone=alone)
             # Softmax and top-k on the device: only k values per image cross back to the host.
             probabilities, indices = logits.float().softmax(dim=1).topk(k, dim=1)
             probabilities, indices = probabilities.cpu().tolist(), indices.cpu().tolist()
