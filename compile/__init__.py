@@ -2,8 +2,9 @@
 
 - the model catalog (catalog.py) and the models' weights (weights.py);
 - compile-trt: its flags and settings (cli.py, cli_flags.py, settings.py), its stages (build.py,
-  progress.py), the engine builders (backends/, libstdcxx.py), the accuracy gate (gate.py, on the
-  photos of sample_photos.py);
+  progress.py), the engine builders (backends/, libstdcxx.py) over what every engine is (engine.py)
+  and its batch-dynamic export (batch_export.py), the quantizers (quantization/), the accuracy gate
+  (gate.py, on the photos of sample_photos.py);
 - where loaded engines are unpacked (unpacking.py);
 - the artifact: its manifest (manifest.py) and whether this machine can serve it (compat.py), judged
   by the device (devices.py) and the library versions (versions.py).

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from compile import _defaults
-from compile.backends.base import EngineCallable, use_exact_fp32
 from compile.catalog import ModelEntry
+from compile.engine import EngineCallable, use_exact_fp32
 from compile.sample_photos import sample_photo_files
 from preprocessing.pil_backend import PilPreprocessor
 

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from compile.backends.base import (
-    PRECISION_DTYPES,
-    BackendUnavailable,
-    CompileBackend,
-    EngineCallable,
-    PrecisionCast,
-)
+from compile.backends.base import CompileBackend
 from compile.backends.eager import EagerBackend
 from compile.backends.inductor import InductorBackend
 from compile.backends.onnx import OnnxBackend, onnx_status
 from compile.backends.tensorrt import TensorRTBackend, torch_tensorrt_status
+from compile.engine import PRECISION_DTYPES, BackendUnavailable, EngineCallable, PrecisionCast
 from compile.quantization.pt2e import torchao_status
 
 BACKENDS: dict[str, type[CompileBackend]] = {

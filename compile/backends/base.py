@@ -1,106 +1,28 @@
-"""The interface every compile backend implements, and the pieces they share.
-
-Every engine has the same contract, whatever built it: float32 NCHW images in, float32 logits out,
-any batch size in the artifact's MIN..MAX. Lower precisions cast inside the graph (PrecisionCast),
-so the server and the preprocessing never change with the precision.
+"""The interface every compile backend implements. What an engine is, whichever backend built it,
+is compile/engine.py; the batch-dynamic export the exporting backends share, compile/batch_export.py.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from compile.engine import BackendUnavailable, EngineCallable
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
 
 if TYPE_CHECKING:
     from compile.quantization import Calibration
 
-# The dtype a model computes in at each precision. A quantized engine's int8 (fp8) layers are the
-# quantizer's; what it leaves unquantized runs in fp32 (int8: what the CPU kernels pair with) or fp16
-# (fp8: TensorRT on the GPUs that have fp8).
-PRECISION_DTYPES = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "int8": torch.float32,
-    "fp8": torch.float16,
-}
-
-# What an engine is to the server: a callable from a float32 batch to float32 logits.
-EngineCallable = Callable[[torch.Tensor], torch.Tensor]
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run here (library missing, wrong device); the message says where it can."""
-
-
-class PrecisionCast(nn.Module):
-    """Runs ``model`` in ``dtype`` behind a float32 interface: cast in, compute, cast logits back."""
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.model = model.to(dtype)
-        self.dtype = dtype
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(images.to(self.dtype)).float()
-
-
 # Where each quantized precision is built, for the messages that refuse one.
 QUANTIZED_ENGINES_HINT = (
     "int8 engines: --backend onnx (ONNX Runtime, CPU or GPU), inductor (CPU) or tensorrt (GPU); "
     "fp8: --backend tensorrt on a GPU of compute capability 8.9 or later."
 )
-
-
-def use_exact_fp32(precision: str, device: torch.device) -> None:
-    """fp32 means IEEE fp32: no TF32 in cuDNN convolutions or cuBLAS matmuls on this process's GPU.
-
-    cuDNN allows TF32 by default, which moves logits by ~1e-3 relative on Ampere and later: enough
-    to fail the fp32 accuracy gate, and not what a user asking for fp32 expects. fp16/bf16 engines
-    are unaffected. The one place TF32 is switched off (fp32 engines as they compile and load, the
-    gate's eager reference), and for the whole process: cuDNN reads the flag when a convolution
-    runs, long after the engine was loaded.
-    """
-    if precision == "fp32" and device.type == "cuda":
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-
-
-def example_batch(size: int, crop_size: int, device: torch.device) -> torch.Tensor:
-    """A float32 channels_last batch shaped like what the server feeds the engine."""
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(size, 3, crop_size, crop_size, generator=generator)
-    return images.to(device).contiguous(memory_format=torch.channels_last)
-
-
-def batch_dynamic_shapes(batch: tuple[int, int, int]) -> tuple[dict[int, Any]] | None:
-    """``dynamic_shapes`` of a one-input model whose batch dimension spans MIN..MAX; None when static."""
-    low, _, high = batch
-    if low == high:
-        return None
-    return ({0: torch.export.Dim("batch", min=low, max=high)},)
-
-
-def export_dynamic_batch(module: nn.Module, example: torch.Tensor, batch: tuple[int, int, int]):
-    """``torch.export`` with the batch dimension dynamic over MIN..MAX (static when MIN == MAX).
-
-    Export specializes a dimension seen with size 1, so the example batch must be >= 2
-    (``export_example_size``)."""
-    return torch.export.export(module, (example,), dynamic_shapes=batch_dynamic_shapes(batch), strict=False)
-
-
-def export_example_size(batch: tuple[int, int, int]) -> int:
-    low, opt, high = batch
-    if low == high:
-        return low
-    return max(2, min(opt, high))
 
 
 class CompileBackend(ABC):

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from compile.backends.base import PRECISION_DTYPES, CompileBackend, EngineCallable, PrecisionCast, use_exact_fp32
+from compile.backends.base import CompileBackend
 from compile.catalog import entry_from_manifest
+from compile.engine import PRECISION_DTYPES, EngineCallable, PrecisionCast, use_exact_fp32
 from compile.manifest import Manifest
 from compile.settings import CompileSettings
 

@@ -8,14 +8,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from compile.backends.base import (
-    CompileBackend,
-    EngineCallable,
-    example_batch,
-    export_dynamic_batch,
-    export_example_size,
-    use_exact_fp32,
-)
+from compile.backends.base import CompileBackend
+from compile.batch_export import example_batch, export_dynamic_batch, export_example_size
+from compile.engine import EngineCallable, use_exact_fp32
 from compile.manifest import Manifest
 from compile.quantization.pt2e import ACTIVATION_OBSERVERS, check_pt2e, quantize_pt2e, reduced_range
 from compile.settings import CompileSettings

@@ -24,14 +24,9 @@ import torch
 from torch import nn
 
 from compile import _defaults
-from compile.backends.base import (
-    BackendUnavailable,
-    CompileBackend,
-    EngineCallable,
-    batch_dynamic_shapes,
-    example_batch,
-    export_example_size,
-)
+from compile.backends.base import CompileBackend
+from compile.batch_export import batch_dynamic_shapes, example_batch, export_example_size
+from compile.engine import BackendUnavailable, EngineCallable
 from compile.manifest import Manifest
 from compile.quantization.onnx_qdq import needs_reduced_range, quantize_onnx, quantize_options
 from compile.settings import CompileSettings
@@ -97,7 +92,7 @@ def execution_providers(device: torch.device, available: list[str]) -> list[tupl
         # the first time each input shape is seen, and a server sees every batch size from 1 to MAX,
         # so requests would stall on it long after warm-up.
         "cudnn_conv_algo_search": "HEURISTIC",
-        # fp32 means IEEE fp32, as for the other backends (compile/backends/base.py: use_exact_fp32).
+        # fp32 means IEEE fp32, as for the other backends (compile/engine.py: use_exact_fp32).
         "use_tf32": 0,
     }
     # CPU after CUDA: a node the CUDA provider has no kernel for runs on the CPU instead of failing.

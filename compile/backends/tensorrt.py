@@ -20,15 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from compile.backends.base import (
-    BackendUnavailable,
-    CompileBackend,
-    EngineCallable,
-    batch_dynamic_shapes,
-    example_batch,
-    export_dynamic_batch,
-    export_example_size,
-)
+from compile.backends.base import CompileBackend
+from compile.batch_export import batch_dynamic_shapes, example_batch, export_dynamic_batch, export_example_size
+from compile.engine import BackendUnavailable, EngineCallable
 from compile.manifest import Manifest
 from compile.quantization.modelopt import INSTALL_HINT as MODELOPT_INSTALL_HINT
 from compile.quantization.modelopt import MODELOPT_CONFIGS, export_mode, fp8_problem, quantize_for_tensorrt

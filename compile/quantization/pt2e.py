@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from compile.backends.base import BackendUnavailable, batch_dynamic_shapes
+from compile.batch_export import batch_dynamic_shapes
+from compile.engine import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 

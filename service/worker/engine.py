@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from compile.backends import EngineCallable, get_backend
-from compile.backends.base import use_exact_fp32
 from compile.catalog import ModelEntry, entry_from_manifest
 from compile.compat import describe_problems, device_problems, version_problems
 from compile.devices import describe_device
+from compile.engine import use_exact_fp32
 from compile.manifest import Manifest, read_manifest
 from compile.model_request import ModelRequest
 from compile.model_source import resolve_model

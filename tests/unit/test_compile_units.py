@@ -17,12 +17,12 @@ import torch
 
 from compile import _defaults
 from compile.backends import BackendUnavailable, PrecisionCast, resolve_compile_backend
-from compile.backends.base import export_example_size
 from compile.backends.tensorrt import (
     tensorrt_compile_kwargs,
     tensorrt_input_spec,
     tensorrt_save_kwargs,
 )
+from compile.batch_export import export_example_size
 from compile.compat import device_problems, version_problems
 from compile.devices import cpu_capability_runs_here
 from compile.gate import GateInputs, compare_logits, gate_batch_sizes, run_gate, threshold_failures
