@@ -25,7 +25,7 @@ httptools protocol with:
   requests parsed from what was already read may wait behind it: one more closes the connection;
 - a ``Departure`` in each request's scope, told when the connection is lost before that request's
   answer is complete: the request running and those parsed behind it alike, so that work for a
-  client that left is dropped (service/http/base/departure.py). A connection whose reading is paused
+  client that left is dropped (service/request_scope.py). A connection whose reading is paused
   (a request parsed behind the running one) does not see the client close, so the sweep asks the
   kernel whether the peer hung up (``POLLRDHUP``).
 
@@ -51,7 +51,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service import _defaults
-from service.http.base.departure import DEPARTURE, Departure
+from service.request_scope import BODY_CUT_OFF, DEPARTURE, Departure
 
 # The versions this file was checked against, as pyproject.toml pins them: [oldest, first not supported).
 SUPPORTED_UVICORN = ((0, 30), (0, 55))
@@ -72,9 +72,6 @@ def check_uvicorn_version(installed: str) -> None:
 check_uvicorn_version(uvicorn.__version__)
 
 SWEEP_INTERVAL_S = 0.25
-# Set in a request's ASGI scope when the guard cut its body off (the body's deadline, a body framed to
-# cost too much): ``(status, detail)``, which read_body raises as the request's answer.
-BODY_CUT_OFF = "vision_serve.body_cut_off"
 # Requests parsed and waiting behind the running one on a connection. uvicorn stops reading once one
 # is parsed; these are the ones already read in the same chunk. Beyond it the connection is closed:
 # no client needs more, and each costs the server its parsed headers and a request object.

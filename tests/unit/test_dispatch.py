@@ -13,13 +13,13 @@ import zmq
 
 from service.errors import ClientClosed, ServiceError
 from service.http.base.admission import AdmissionGate
-from service.http.base.departure import Departure
 from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher
 from service.http.base.worker_watch import WorkerWatch
 from service.litserve_bridge import READY
 from service.metrics import metrics
 from service.model_info import ModelInfo
 from service.repository.table import RoutingTable, VersionRoute
+from service.request_scope import Departure
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
 from service.wire import AbandonedRequests, Answer, ImageRequest, RequestBatch
 from service.worker.collector import BatchCollector

@@ -30,9 +30,9 @@ SERVICE_LAYERS: list[tuple[str, ...]] = [
         "service.wire",
         "service.metrics",
         "service.settings",
+        "service.request_scope",  # set by the connection (uvicorn_bridge), read by the request path
         "service.litserve_bridge",
         "service.uvicorn_bridge",
-        "service.http.base.departure",  # set by the connection (uvicorn_bridge), read by the dispatcher
         "service.tracing",
     ),
     ("service.transport", "service.repository"),

@@ -21,9 +21,8 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.client.launcher import free_port
-from service.http.base.departure import departure_of
+from service.request_scope import BODY_CUT_OFF, departure_of
 from service.uvicorn_bridge import (
-    BODY_CUT_OFF,
     MAX_PIPELINED,
     SUPPORTED_UVICORN,
     ConnectionLimits,

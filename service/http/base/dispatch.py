@@ -2,7 +2,7 @@
 
 Every front end (``POST /predict`` with one image or several, the Open Inference Protocol over HTTP
 and gRPC) hands its images here. A client that leaves while they wait (its connection closes, its
-gRPC call is cancelled) has them dropped wherever they are, unrun (service/http/base/departure.py).
+gRPC call is cancelled) has them dropped wherever they are, unrun (service/request_scope.py).
 Each image is its own batch item: the workers batch images, not requests, so a request of 64 images
 fills two batches of 32 and shares them with other requests.
 """
@@ -29,7 +29,6 @@ from service.errors import (
     error_of_status,
 )
 from service.http.base.admission import AdmissionGate
-from service.http.base.departure import Departure
 from service.http.base.worker_watch import WorkerWatch
 from service.http.cache.front import Lookup, keep, look_up
 from service.http.cache.keys import model_fingerprint
@@ -37,6 +36,7 @@ from service.http.cache.response_cache import ResponseCache
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.repository.table import VersionRoute
+from service.request_scope import Departure
 from service.tracing import current_traceparent, stage_span, wait_span
 from service.transport.channels import ApiChannel
 from service.wire import Answer, ImageRequest, answer_for

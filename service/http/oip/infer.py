@@ -3,11 +3,11 @@ fails. Shared by the HTTP routes and the gRPC service."""
 
 from __future__ import annotations
 
-from service.http.base.departure import Departure
 from service.http.base.dispatch import Classified, ImageDispatcher, header_error
 from service.http.oip.tensors import InferCall, failed_items
 from service.metrics import metrics
 from service.repository.table import VersionRoute
+from service.request_scope import Departure
 
 
 async def run_infer(

@@ -18,7 +18,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, http_headers
-from service.http.base.departure import departure_of
 from service.http.base.dispatch import ImageDispatcher
 from service.http.base.infer_paths import model_in_path
 from service.http.base.limits import RequestLimits, read_body
@@ -42,6 +41,7 @@ from service.http.oip.tensors import (
     server_extensions,
 )
 from service.repository.table import RoutingTable, VersionRoute
+from service.request_scope import departure_of
 from service.tracing import stage_span
 
 HEADER_LENGTH = "inference-header-content-length"

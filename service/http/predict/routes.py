@@ -14,13 +14,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.errors import InvalidInput, ServiceError
-from service.http.base.departure import departure_of
 from service.http.base.dispatch import ImageDispatcher, check_header, header_error
 from service.http.base.limits import RequestLimits
 from service.http.cache.front import from_cache
 from service.http.predict.parsing import read_predict_request
 from service.http.predict.render import error_response, render, render_many
 from service.metrics import metrics
+from service.request_scope import departure_of
 from service.tracing import stage_span
 from service.wire import Answer
 
