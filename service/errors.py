@@ -1,6 +1,6 @@
 """The one error model of the request path: what the server refuses or cannot do, named by domain.
 
-Parsing, the header checks, the dispatcher, the API-key check and the Open Inference Protocol's call
+Parsing, the header checks, the request pipeline, the API-key check and the Open Inference Protocol's call
 raise a kind of ``ServiceError`` (``InvalidInput``, ``NotFound``, ``Overloaded``, ...), never a bare
 HTTP number. Each kind carries its HTTP status as a class attribute: that is the HTTP mapping, here
 and only here. Each protocol turns an error into its own form in one place: ``/predict``'s JSON

@@ -7,10 +7,10 @@ from the bridge to the routes.
 - ``DEPARTURE``: the request's ``Departure``. A client that disconnects (its own timeout, a closed tab,
   a proxy giving up) no longer wants the answer, but nothing in ASGI interrupts the request's task:
   uvicorn only marks the cycle disconnected. So the connection puts a ``Departure`` in each request's
-  scope and calls ``leave`` when it is lost before the response is complete; the dispatcher
-  (service/http/base/dispatch.py) listens while it waits, answers the images 499 at once and tells
-  their workers to drop them unrun. A gRPC client that cancels its call leaves by cancellation
-  instead: the dispatcher's wait is cancelled, with the same effect.
+  scope and calls ``leave`` when it is lost before the response is complete; the request pipeline
+  (service/http/pipeline/) listens while it waits, answers the images 499 at once and tells their
+  workers to drop them unrun. A gRPC client that cancels its call leaves by cancellation instead: the
+  pipeline's wait is cancelled, with the same effect.
 - ``BODY_CUT_OFF``: set when the guard cut a request's body off (the body's deadline, a body framed to
   cost too much): ``(status, detail)``, which ``read_body`` (service/http/base/limits.py) raises as the
   request's answer.

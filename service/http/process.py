@@ -1,11 +1,11 @@
 """One HTTP process's front end: everything it runs besides the route handlers themselves.
 
 ``HttpFrontEnd`` is made in the main process, before the HTTP processes fork, with what they all
-share: the settings, the request limits, the admission gate (shared memory), the dispatcher, the
-channels' configuration. In each HTTP process, ``running(api_server)`` then opens that process's own
-request/answer channel, its view of the workers (``WorkerWatch``) and its gRPC server, attaches the
-first two to the dispatcher, turns tracing on when it is (service/tracing/), and closes all of them
-when the process ends.
+share: the settings, the request limits, the admission gate (shared memory), the request pipeline,
+the channels' configuration. In each HTTP process, ``running(api_server)`` then opens that process's
+own request/answer channel, its view of the workers (``WorkerWatch``), its response cache and its gRPC
+server, attaches the first three to the pipeline, turns tracing on when it is (service/tracing/), and
+closes all of them when the process ends.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Callable, MutableSequence, Sequence
 
 from service.errors import ServiceError
 from service.http.base.admission import AdmissionGate
-from service.http.base.dispatch import ImageDispatcher
 from service.http.base.limits import RequestLimits
 from service.http.base.worker_watch import WorkerWatch
 from service.http.cache import ResponseCache
+from service.http.pipeline.pipeline import RequestPipeline
 from service.metrics import LiveState, LiveStateCollector
 from service.model_info import ModelInfo
 from service.repository.http_calls import RepositoryCalls
@@ -56,7 +56,7 @@ class HttpFrontEnd:
         self.server_version = server_version
         self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels, settings.max_images_per_request)
         self.gate = AdmissionGate(settings.max_queue)
-        self.dispatcher = ImageDispatcher(self.gate, settings.request_timeout_s)
+        self.pipeline = RequestPipeline(self.limits, self.gate, settings.request_timeout_s)
         self.watch: WorkerWatch | None = None  # this HTTP process's, while ``running``
         self._live_metrics: LiveStateCollector | None = None
 
@@ -73,7 +73,7 @@ class HttpFrontEnd:
         self.watch = watch
         # Each process its own cache, and its own Redis client made in its own loop (after the fork).
         cache = ResponseCache.from_settings(self.settings)
-        self.dispatcher.attach(channel, watch, cache)
+        self.pipeline.attach(channel, watch, cache)
         loop = asyncio.get_running_loop()
         tasks = [
             loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
@@ -88,7 +88,7 @@ class HttpFrontEnd:
                 await grpc_server.stop(GRPC_STOP_GRACE_S)
             for task in tasks:
                 task.cancel()
-            self.dispatcher.detach()
+            self.pipeline.detach()
             self.watch = None
             channel.close()
             if cache is not None:
@@ -101,8 +101,7 @@ class HttpFrontEnd:
 
         settings = self.settings
         servicer = InferenceServicer(
-            self.dispatcher,
-            self.limits,
+            self.pipeline,
             ready=self.ready,
             model_ready=self.model_ready,
             server_version=self.server_version,
@@ -148,7 +147,7 @@ class HttpFrontEnd:
 
     def response_cache(self) -> dict | None:
         """``/info``'s ``response_cache``: this HTTP process's cache, or ``None`` when it is off."""
-        cache = self.dispatcher.cache
+        cache = self.pipeline.cache
         return cache.stats() if cache is not None else None
 
     def in_flight(self) -> int:

@@ -73,7 +73,7 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
         ]
         return {"model": default.to_dict() if default else None, "models": models, "server": server}
 
-    endpoint = PredictEndpoint(frontend.dispatcher, frontend.limits, check_auth)
+    endpoint = PredictEndpoint(frontend.pipeline, check_auth)
     # POST /predict skips FastAPI's stack: the observer (request id, access log, counts) wraps it
     # directly. The FastAPI route below is what /docs shows, and answers the same way.
     add_fast_route(app, "POST", api_path, HttpObserver(endpoint, [api_path]))
@@ -90,7 +90,7 @@ def register_routes(app: FastAPI, frontend: HttpFrontEnd, api_path: str, server_
         summary="Classify one image, or several: their top-k ImageNet labels",
     )
 
-    oip_endpoint = OipInferEndpoint(frontend.dispatcher, frontend.limits, check_auth)
+    oip_endpoint = OipInferEndpoint(frontend.pipeline, check_auth)
     add_fast_pattern_route(app, "POST", is_infer_path, HttpObserver(oip_endpoint, [api_path]))
     add_oip_routes(
         app,

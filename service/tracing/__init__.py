@@ -4,9 +4,10 @@ over OTLP/gRPC (``--trace-sample-rate R --otlp-endpoint http://collector:4317``)
 One traced ``POST /predict`` is one trace:
 
     POST /predict                 SERVER, HTTP process: the observer (service/http/base/observer.py)
-    ├── parse                     the body read and parsed       (stage_span, predict/routes.py)
-    ├── admission                 --max-queue's gate              (stage_span, base/dispatch.py)
-    ├── wait                      images sent until the last answer (wait_span, base/dispatch.py)
+    ├── parse                     the body read and parsed       (stage_span, pipeline/pipeline.py)
+    ├── cache                     the response cache's lookup     (stage_span, cache/front.py; when on)
+    ├── admission                 --max-queue's gate              (stage_span, base/admission.py)
+    ├── wait                      images sent until the last answer (wait_span, pipeline/submit.py)
     │   ├── queue                 worker: admission to its batch's start   } one set per image,
     │   ├── preprocess            worker: decode and resize of the batch   } recorded by the worker
     │   ├── pipeline_wait         worker (--pipeline-depth 2+): prepared, waiting for the engine

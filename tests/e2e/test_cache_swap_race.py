@@ -4,7 +4,7 @@ The HTTP process resolves a request's model version, then looks its image up in 
 which awaits Redis for up to ``--response-cache-redis-timeout-ms``. A load that replaces the version
 in that window retires the old version's workers. On the earlier code the request was then sent to a
 retired worker, which had already been told nothing more would come, and it hung until its deadline
-(504). Now the dispatcher checks the route again after the lookup: an unpinned request runs on the
+(504). Now the pipeline checks the route again after the lookup: an unpinned request runs on the
 version served now and says so; one that named the retired version gets 404.
 
 Redis is stopped (SIGSTOP) until the load has returned, so the lookups straddle the swap whatever the

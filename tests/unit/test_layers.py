@@ -37,6 +37,8 @@ SERVICE_LAYERS: list[tuple[str, ...]] = [
     ),
     ("service.transport", "service.repository"),
     ("service.worker", "service.http.base", "service.http.cache"),
+    # one request's way through an HTTP process: calls base/ and cache/ in order, never called back
+    ("service.http.pipeline",),
     ("service.http.predict", "service.http.oip"),
     ("service.http.grpc",),
     ("service.http.process", "service.http.routes", "service.supervisor.planning"),
@@ -185,13 +187,13 @@ def test_the_client_imports_nothing_of_the_server() -> None:
 @pytest.mark.parametrize(
     ("package", "importer", "imported", "upward", "cycle"),
     [
-        # The dispatcher is called by the protocols, never the other way. errors -> wire closes a cycle
-        # (wire imports errors).
+        # The protocols call the pipeline, which calls base/: base/ importing it back would run up a
+        # layer. errors -> wire closes a cycle (wire imports errors).
         (
             SERVICE,
             "service.http.predict.routes",
-            "service.http.base.dispatch",
-            {"service.http.base.dispatch": {"service.http.predict.routes"}},
+            "service.http.pipeline.pipeline",
+            {"service.http.base.limits": {"service.http.pipeline.pipeline"}},
             {"service.errors": {"service.wire"}},
         ),
         # The backends call the quantizers; a quantizer importing a backend is what issue 54 removed.

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import multiprocessing
 
+from service._defaults import RETRY_AFTER_S
+from service.errors import Overloaded, PayloadTooLarge
+from service.tracing import stage_span
+
 
 class AdmissionGate:
     """A counter in shared memory: made before the HTTP processes fork, so they all see one count."""
@@ -18,6 +22,22 @@ class AdmissionGate:
             raise ValueError(f"The admission limit must be >= 1 (--max-queue), got {limit}.")
         self.limit = limit
         self._admitted = multiprocessing.Value("i", 0)  # with its own lock
+
+    def admit(self, count: int) -> None:
+        """Admit ``count`` images, one request's, or raise: ``PayloadTooLarge`` (413) if they could
+        never fit under the limit (retrying would not help), ``Overloaded`` (503, ``Retry-After``) if
+        they do not fit now. Each admitted image is ``release``d once answered."""
+        if count > self.limit:
+            raise PayloadTooLarge(
+                f"The request has {count} images; the server admits at most {self.limit} at once "
+                "(--max-queue). Send fewer images per request.",
+            )
+        with stage_span("admission"):  # traced requests (service/tracing/)
+            if not self.try_admit(count):
+                raise Overloaded(
+                    f"The server is at its limit of {self.limit} queued images (--max-queue); retry after "
+                    f"{RETRY_AFTER_S} s."
+                )
 
     def try_admit(self, count: int = 1) -> bool:
         """Admit ``count`` images (a request of several takes a slot for each) if all fit under the limit."""

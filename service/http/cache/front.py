@@ -1,6 +1,8 @@
-"""The response cache in front of the workers, as two steps of a request's way through the dispatcher
-(service/http/base/dispatch.py): ``look_up`` before admission (hits are answered at once), ``keep``
-once the misses have run."""
+"""The response cache in front of the workers: the steps of a request's way through an HTTP process
+that ask it (service/http/pipeline/pipeline.py calls them, in order). ``look_up`` before admission
+(hits are answered at once, before any decode), ``for_route`` once the version that answers the
+misses is known, ``keep`` once they have run. Nothing here admits, submits or calls back up: the
+pipeline does those in between."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from service.http.cache.keys import model_fingerprint
 from service.http.cache.response_cache import ResponseCache
 from service.metrics import metrics
 from service.repository.table import VersionRoute
@@ -55,6 +58,15 @@ async def look_up(cache: ResponseCache, images: Sequence[bytes], top_k: int, rou
     if hits:
         metrics().count_model_answers(route.name, route.version, [200] * hits)
     return Lookup(route, keys, answers, lookup_ms)
+
+
+def for_route(cache: ResponseCache, lookup: Lookup, images: Sequence[bytes], top_k: int, route: VersionRoute) -> Lookup:
+    """``lookup`` if ``route`` serves the model it was made for; else (a load replaced the version while
+    the cache was asked) a lookup that found nothing, under ``route``'s own keys: the old version's hits
+    are not its answers, and its answers are kept under its keys."""
+    if model_fingerprint(route) == model_fingerprint(lookup.route):
+        return lookup
+    return Lookup(route, cache.keys(images, route, top_k), [None] * len(images), lookup.ms)
 
 
 def keep(cache: ResponseCache, lookup: Lookup, missing: Sequence[int], ran: Sequence[Answer]) -> list[Answer]:

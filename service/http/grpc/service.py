@@ -39,8 +39,6 @@ from service.errors import (
     UnsupportedMediaType,
 )
 from service.http.base.auth import ApiKeyAuth
-from service.http.base.dispatch import ImageDispatcher
-from service.http.base.limits import RequestLimits
 from service.http.base.observer import NO_ANSWER, client_request_id, log_access
 from service.http.oip.infer import run_infer
 from service.http.oip.tensors import (
@@ -59,6 +57,7 @@ from service.http.oip.tensors import (
     parse_output,
     server_extensions,
 )
+from service.http.pipeline.pipeline import RequestPipeline
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.repository.http_calls import REPOSITORY_OFF, RepositoryCalls
@@ -164,8 +163,7 @@ def start_model_infer_span(
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
-        dispatcher: ImageDispatcher,
-        limits: RequestLimits,
+        pipeline: RequestPipeline,
         *,
         ready: Callable[[], bool],
         model_ready: Callable[[VersionRoute], bool],
@@ -176,8 +174,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> None:
         """``repository``: the repository extension's calls; ``None`` answers them INVALID_ARGUMENT
         with how to turn them on."""
-        self.dispatcher = dispatcher
-        self.limits = limits
+        self.pipeline = pipeline
         self.ready = ready
         self.model_ready = model_ready
         self.server_version = server_version
@@ -192,7 +189,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerReadyResponse(ready=self.ready())
 
     async def ModelReady(self, request, context) -> service_pb2.ModelReadyResponse:
-        route = await self._run(context, lambda: self.dispatcher.route(request.name, request.version))
+        route = await self._run(context, lambda: self.pipeline.route(request.name, request.version))
         return service_pb2.ModelReadyResponse(ready=self.model_ready(route))
 
     async def ServerMetadata(self, request, context) -> service_pb2.ServerMetadataResponse:
@@ -204,8 +201,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context) -> service_pb2.ModelMetadataResponse:
         def describe() -> dict:
             self._check_key(context)
-            route = self.dispatcher.route(request.name, request.version)
-            table = self.dispatcher.watch.table
+            route = self.pipeline.route(request.name, request.version)
+            table = self.pipeline.watch.table
             versions = sorted(table.models[route.name]) if not request.version else [route.version]
             return model_metadata(route.name, versions, route.model.engine)
 
@@ -227,14 +224,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         trace = start_model_infer_span(request, context, request_id) if TRACING.on else None
         try:
             self._check_key(context)
-            route = self.dispatcher.route(request.model_name, request.model_version)
-            with stage_span("parse"):
-                call = parse_grpc_request(request, self.limits.max_images_per_request)
-            answers, _, route = await run_infer(
-                self.dispatcher, call, self.limits.max_image_pixels, route, pinned=bool(request.model_version)
-            )
+
+            async def parse() -> InferCall:
+                return parse_grpc_request(request, self.pipeline.limits.max_images_per_request)
+
+            outcome = await run_infer(self.pipeline, request.model_name, request.model_version, parse)
+            route = outcome.route
             with stage_span("answer"):
-                tensors = build_outputs(call, answers)
+                tensors = build_outputs(outcome.parsed, outcome.answers)
         except ServiceError as exc:
             status, code = exc.status, grpc_status(exc)
             await context.abort(code, exc.message)

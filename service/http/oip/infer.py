@@ -1,34 +1,36 @@
-"""Run a parsed OIP infer request: check every image's header, classify them, fail as a whole if any
-fails. Shared by the HTTP routes and the gRPC service."""
+"""The Open Inference Protocol's infer call through the request pipeline (service/http/pipeline/),
+shared by the HTTP routes and the gRPC service: a call any of whose images fails, fails as a whole."""
 
 from __future__ import annotations
 
-from service.http.base.dispatch import Classified, ImageDispatcher, header_error
+from collections.abc import Awaitable, Callable
+
 from service.http.oip.tensors import InferCall, failed_items
+from service.http.pipeline.ask import Ask, Outcome
+from service.http.pipeline.pipeline import RequestPipeline
 from service.metrics import metrics
-from service.repository.table import VersionRoute
 from service.request_scope import Departure
+from service.wire import Answer
+
+
+def any_fails_all(call: InferCall, refused: list[Answer | None]) -> None:
+    """The protocol's rule for images refused by their checks: a call that would fail on a bad header
+    runs none of its images."""
+    failed_items(refused)
 
 
 async def run_infer(
-    dispatcher: ImageDispatcher,
-    call: InferCall,
-    max_image_pixels: int,
-    route: VersionRoute,
+    pipeline: RequestPipeline,
+    model: str,
+    version: str | None,
+    parse: Callable[[], Awaitable[InferCall]],
     departure: Departure | None = None,
-    *,
-    pinned: bool = False,
-) -> Classified:
-    """Every image's successful ``Answer``, the total milliseconds and the version that answered;
-    ``ServiceError`` otherwise.
-
-    Headers are checked first: a request that would fail on a bad header runs none of its images.
-    ``departure``: the HTTP client's (``ClientClosed`` when it left; gRPC's leave by cancelling the call).
-    ``pinned``: the request named ``route``'s version (``ImageDispatcher.classify``).
-    """
-    failed_items([header_error(image, max_image_pixels) for image in call.images])
-    classified = await dispatcher.classify(call.images, call.worker_top_k, route, departure, pinned=pinned)
-    for answer in classified.answers:
+) -> Outcome[InferCall]:
+    """The call's ``Outcome``, every answer a success; ``ServiceError`` otherwise. ``version``: named,
+    the call is pinned to it. ``departure``: the HTTP client's (``ClientClosed`` when it left; gRPC's
+    leave by cancelling the call)."""
+    outcome = await pipeline.run(Ask(model, version, departure, on_refused=any_fails_all), parse)
+    for answer in outcome.answers:
         metrics().observe_stages(answer.timings_ms)
-    failed_items(classified.answers)
-    return classified
+    failed_items(outcome.answers)
+    return outcome

@@ -18,9 +18,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, http_headers
-from service.http.base.dispatch import ImageDispatcher
 from service.http.base.infer_paths import model_in_path
-from service.http.base.limits import RequestLimits, read_body
+from service.http.base.limits import read_body
 from service.http.base.server_timing import server_timing
 from service.http.oip.infer import run_infer
 from service.http.oip.tensors import (
@@ -40,6 +39,7 @@ from service.http.oip.tensors import (
     parse_output,
     server_extensions,
 )
+from service.http.pipeline.pipeline import RequestPipeline
 from service.repository.table import RoutingTable, VersionRoute
 from service.request_scope import departure_of
 from service.tracing import stage_span
@@ -173,14 +173,8 @@ class OipInferEndpoint:
     """``POST /v2/models/{name}[/versions/{v}]/infer``. Also a plain ASGI app for every model's infer
     paths, mounted ahead of FastAPI's stack like ``/predict`` (``add_fast_prefix_route``)."""
 
-    def __init__(
-        self,
-        dispatcher: ImageDispatcher,
-        limits: RequestLimits,
-        check_auth: Callable[[Request], None] | None = None,
-    ) -> None:
-        self.dispatcher = dispatcher
-        self.limits = limits
+    def __init__(self, pipeline: RequestPipeline, check_auth: Callable[[Request], None] | None = None) -> None:
+        self.pipeline = pipeline
         self.check_auth = check_auth
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -201,26 +195,23 @@ class OipInferEndpoint:
             return error_response(exc)
 
     async def handle(self, request: Request, name: str, version: str | None) -> Response:
-        self.dispatcher.route(name, version)  # a model not served is a 404 before the upload
-        with stage_span("parse"):  # traced requests (service/tracing/)
+        limits = self.pipeline.limits
+
+        async def parse() -> InferCall:
             body = decompress(
-                await read_body(request, self.limits.max_body_bytes),
+                await read_body(request, limits.max_body_bytes),
                 request.headers.get("content-encoding", ""),
-                self.limits.max_body_bytes,
+                limits.max_body_bytes,
             )
-            call = parse_infer_body(body, request.headers.get(HEADER_LENGTH), self.limits.max_images_per_request)
-        # Again once the body is in (a swap may have come meanwhile; the dispatcher checks it once more
-        # after a cache lookup that waited).
-        route = self.dispatcher.route(name, version)
-        departure = departure_of(request.scope)
-        answers, total_ms, route = await run_infer(
-            self.dispatcher, call, self.limits.max_image_pixels, route, departure, pinned=bool(version)
-        )
-        with stage_span("answer"):
+            return parse_infer_body(body, request.headers.get(HEADER_LENGTH), limits.max_images_per_request)
+
+        outcome = await run_infer(self.pipeline, name, version, parse, departure_of(request.scope))
+        call, route = outcome.parsed, outcome.route
+        with stage_span("answer"):  # traced requests (service/tracing/)
             content, header_length = encode_infer_response(
-                route.name, route.version, call, build_outputs(call, answers)
+                route.name, route.version, call, build_outputs(call, outcome.answers)
             )
-        headers = {"Server-Timing": server_timing({"total": total_ms})}
+        headers = {"Server-Timing": server_timing({"total": outcome.total_ms})}
         if header_length is None:
             return Response(content, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(header_length)

@@ -6,7 +6,7 @@ Accepted bodies for ``POST /predict``:
   ``image`` fields make a request of many images;
 - JSON ``{"image": "<base64 or data: URL>", "top_k": 5}``, or ``{"images": [...], "top_k": 5}``.
 Malformed requests are refused here with a 4xx ``ServiceError``; the images' headers are checked
-next (service/http/predict/routes.py), so only well-formed requests take a queue slot. In a request of many
+next (service/http/pipeline/checks.py), so only well-formed requests take a queue slot. In a request of many
 images, a bad one gets its own error and the others are still classified.
 """
 
@@ -64,6 +64,11 @@ class PredictRequest:
     images: list[bytes | Answer]
     top_k: int = _defaults.TOP_K
     many: bool = False  # sent as several images (answered {"results": [...]}), even if only one came
+
+    @property
+    def worker_top_k(self) -> int:
+        """How many classes the workers return for each image: the request's ``top_k``."""
+        return self.top_k
 
 
 async def _parse_multipart(request: Request, body: bytes, max_files: int) -> FormData:

@@ -1,5 +1,5 @@
-"""``POST /predict``: parse and check in the HTTP process, then classify through ``ImageDispatcher``
-(admit or shed, send to the workers, answer by the deadline).
+"""``POST /predict``: its parse and its rendering around the request pipeline
+(service/http/pipeline/), which routes, checks, looks up the cache, admits, submits and waits.
 
 The workers' compact answers become JSON here (service/http/predict/render.py). The deadline covers running
 work: a request in a batch that runs for minutes still gets its 504 on time. A request of several
@@ -13,18 +13,17 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import InvalidInput, ServiceError
-from service.http.base.dispatch import ImageDispatcher, check_header, header_error
-from service.http.base.limits import RequestLimits
-from service.http.cache.front import from_cache
-from service.http.predict.parsing import read_predict_request
+from service.errors import InvalidInput, ServiceError, error_of_status
+from service.http.pipeline.ask import Ask, Outcome
+from service.http.pipeline.pipeline import RequestPipeline
+from service.http.predict.parsing import PredictRequest, read_predict_request
 from service.http.predict.render import error_response, render, render_many
 from service.metrics import metrics
 from service.request_scope import departure_of
 from service.tracing import stage_span
 from service.wire import Answer
 
-# X-Cache (with --response-cache-mb): whether the cache answered, by from_cache().
+# X-Cache (with --response-cache-mb): whether the cache answered every image that ran.
 X_CACHE = {True: (b"x-cache", b"hit"), False: (b"x-cache", b"miss")}
 MAX_NAME_CHARS = 128  # model names are at most 128 characters (service/repository/layout.py)
 
@@ -82,20 +81,22 @@ def model_in_query(request: Request) -> tuple[str | None, str | None]:
     return model, version
 
 
+def alone_fails_whole(parsed: PredictRequest, refused: list[Answer | None]) -> None:
+    """``/predict``'s rule for an image refused by its checks: sent alone, its error is the request's;
+    among several (``many``), it is answered its own error and the others run."""
+    refusal = refused[0]
+    if not parsed.many and refusal is not None:
+        raise error_of_status(refusal.status_code, refusal.detail, retry_after_s=refusal.retry_after_s)
+
+
 class PredictEndpoint:
     """Also a plain ASGI app (``__call__``), which the server mounts ahead of FastAPI's stack
     (service/litserve_bridge.py ``add_fast_route``); ``check_auth`` then does what the route's
     dependency would.
     """
 
-    def __init__(
-        self,
-        dispatcher: ImageDispatcher,
-        limits: RequestLimits,
-        check_auth: Callable[[Request], None] | None = None,
-    ) -> None:
-        self.dispatcher = dispatcher
-        self.limits = limits
+    def __init__(self, pipeline: RequestPipeline, check_auth: Callable[[Request], None] | None = None) -> None:
+        self.pipeline = pipeline
         self.check_auth = check_auth
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -110,45 +111,29 @@ class PredictEndpoint:
 
     async def handle(self, request: Request) -> Response:
         model, version = model_in_query(request)
-        self.dispatcher.route(model, version)  # a model not served is a 404 before the upload
-        with stage_span("parse"):
-            parsed = await read_predict_request(request, self.limits)
-        # Again once the body is in: a swap during a slow upload may have retired the version's
-        # workers (the dispatcher checks it once more after a cache lookup that waited).
-        route = self.dispatcher.route(model, version)
-        departure = departure_of(request.scope)
-        pinned = bool(version)
-        if not parsed.many:
-            image = parsed.images[0]
-            check_header(image, self.limits.max_image_pixels)
-            (answer,), total_ms, route = await self.dispatcher.classify(
-                [image], parsed.top_k, route, departure, pinned=pinned
-            )
-            with stage_span("answer"):
-                response = render(answer, total_ms, route.version)
-            if self.dispatcher.cache is not None:
-                response.raw_headers.append(X_CACHE[from_cache(answer)])
-            # The worker's stages and the rendering, recorded here to keep that work off its loop.
-            metrics().observe_stages(answer.timings_ms)
-            return response
-        answers = [self._checked(item) for item in parsed.images]
-        to_run = [i for i, item in enumerate(answers) if isinstance(item, bytes)]
-        total_ms = 0.0
-        if to_run:
-            ran, total_ms, route = await self.dispatcher.classify(
-                [answers[i] for i in to_run], parsed.top_k, route, departure, pinned=pinned
-            )
-            for i, answer in zip(to_run, ran, strict=True):
-                answers[i] = answer
-                metrics().observe_stages(answer.timings_ms)
-        with stage_span("answer"):
-            response = render_many(answers, total_ms, route.version)
-        if self.dispatcher.cache is not None:  # a hit only if every image that ran was one
-            response.raw_headers.append(X_CACHE[bool(to_run) and all(from_cache(answers[i]) for i in to_run)])
+        outcome = await self.pipeline.run(
+            Ask(model, version, departure_of(request.scope), on_refused=alone_fails_whole),
+            lambda: read_predict_request(request, self.pipeline.limits),
+        )
+        return self.answer_one(outcome) if not outcome.parsed.many else self.answer_many(outcome)
+
+    @staticmethod
+    def answer_one(outcome: Outcome[PredictRequest]) -> Response:
+        (answer,) = outcome.answers
+        with stage_span("answer"):  # traced requests (service/tracing/)
+            response = render(answer, outcome.total_ms, outcome.route.version)
+        if outcome.cache_on:
+            response.raw_headers.append(X_CACHE[outcome.from_cache])
+        # The worker's stages and the rendering, recorded here to keep that work off its loop.
+        metrics().observe_stages(answer.timings_ms)
         return response
 
-    def _checked(self, item: bytes | Answer) -> bytes | Answer:
-        """The image, or its own error if its header is bad: one bad image never spoils the others."""
-        if isinstance(item, Answer):
-            return item
-        return header_error(item, self.limits.max_image_pixels) or item
+    @staticmethod
+    def answer_many(outcome: Outcome[PredictRequest]) -> Response:
+        for index in outcome.ran:
+            metrics().observe_stages(outcome.answers[index].timings_ms)
+        with stage_span("answer"):
+            response = render_many(outcome.answers, outcome.total_ms, outcome.route.version)
+        if outcome.cache_on:  # a hit only if every image that ran was one
+            response.raw_headers.append(X_CACHE[outcome.from_cache])
+        return response

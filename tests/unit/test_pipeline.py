@@ -1,20 +1,29 @@
-"""The dispatcher (service/http/base/dispatch.py) with real channels and real workers' sockets, one
-process: what it owes every request whatever happens to its client, and how it spreads images."""
+"""The request pipeline (service/http/pipeline/) with real channels and real workers' sockets, one
+process: the order of its steps, what it owes every request whatever happens to its client, and how
+it spreads images."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import pickle
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import zmq
+from PIL import Image
 
-from service.errors import ClientClosed, ServiceError
+from service.errors import ClientClosed, NotFound, ServiceError, Unavailable
 from service.http.base.admission import AdmissionGate
-from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher
+from service.http.base.limits import RequestLimits
 from service.http.base.worker_watch import WorkerWatch
+from service.http.cache import ResponseCache
+from service.http.pipeline.ask import Ask, Outcome
+from service.http.pipeline.pipeline import RequestPipeline
+from service.http.pipeline.submit import CLIENT_LEFT
 from service.litserve_bridge import READY
 from service.metrics import metrics
 from service.model_info import ModelInfo
@@ -28,16 +37,56 @@ from service.worker.contract import BatchPolicy
 TIMEOUT_S = 5.0
 
 
-def dispatcher_with(
-    tmp_path: Path, workers: int, limit: int = 16
-) -> tuple[ImageDispatcher, ApiChannel, list[WorkerChannel]]:
+def route_of(version: int, workers: tuple[int, ...]) -> VersionRoute:
+    info = ModelInfo("lite", "w", "torch-eager-fp32", "pil", "", {}, "", "cpu", 8, 0.0, labels=("a", "b"))
+    return VersionRoute("lite", version, workers, info)
+
+
+def table_of(*routes: VersionRoute, generation: int = 1, draining: tuple[int, ...] = ()) -> RoutingTable:
+    models: dict = {}
+    for route in routes:
+        models.setdefault(route.name, {})[route.version] = route
+    return RoutingTable(generation, models, draining, default_model="lite")
+
+
+def image(tag: int) -> bytes:
+    """A small PNG of its own, which passes the header check."""
+    out = io.BytesIO()
+    Image.new("RGB", (2, 2), (tag, 0, 0)).save(out, "PNG")
+    return out.getvalue()
+
+
+A, B, C, D, E, F, G = (image(tag) for tag in range(7))
+
+
+@dataclass(frozen=True)
+class Images:
+    """A parsed request as the pipeline takes it."""
+
+    images: list[bytes | Answer]
+    worker_top_k: int = 5
+
+
+def classify(
+    pipeline: RequestPipeline, images: Sequence[bytes | Answer], departure: Departure | None = None, **ask: object
+) -> asyncio.Task[Outcome[Images]]:
+    async def parse() -> Images:
+        return Images(list(images))
+
+    return asyncio.create_task(pipeline.run(Ask(ask.pop("model", "lite"), None, departure, **ask), parse))
+
+
+def pipeline_with(
+    tmp_path: Path, workers: int, limit: int = 16, cache: ResponseCache | None = None
+) -> tuple[RequestPipeline, ApiChannel, list[WorkerChannel]]:
     config = ChannelConfig(str(tmp_path), api_servers=1)
     channel = ApiChannel(config, 0)
     watch = WorkerWatch(lambda: dict.fromkeys(range(workers), READY), channel)
     watch.refresh()
-    dispatcher = ImageDispatcher(AdmissionGate(limit), timeout_s=30.0)
-    dispatcher.attach(channel, watch)
-    return dispatcher, channel, [WorkerChannel(config, worker_id) for worker_id in range(workers)]
+    watch.follow_table(table_of(route_of(1, tuple(range(workers)))))
+    pipeline = RequestPipeline(RequestLimits(), AdmissionGate(limit), timeout_s=30.0)
+    pipeline.attach(channel, watch, cache)
+    return pipeline, channel, [WorkerChannel(config, worker_id) for worker_id in range(workers)]
 
 
 def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_are_dropped(tmp_path) -> None:
@@ -45,24 +94,24 @@ def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_a
     admission slots come back, and the answers that arrive later find no one waiting."""
 
     async def scenario() -> None:
-        dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1, limit=3)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, limit=3)
         receiving = asyncio.create_task(channel.receive_answers())
         try:
-            waiting = asyncio.create_task(dispatcher.classify([b"a", b"b", b"c"], top_k=5))
+            waiting = classify(pipeline, [A, B, C])
             taken = [await asyncio.to_thread(worker.receive, TIMEOUT_S) for _ in range(3)]
-            assert dispatcher.gate.admitted == 3
+            assert pipeline.gate.admitted == 3
             waiting.cancel()  # what the server does to the handler of a client that left
             await asyncio.gather(waiting, return_exceptions=True)
-            assert dispatcher.gate.admitted == 0, "the slots of a request nobody waits for must come back"
+            assert pipeline.gate.admitted == 0, "the slots of a request nobody waits for must come back"
             assert channel.pick_worker([0]) == 0 and channel._unanswered[0] == 0, "its pending entries are dropped"
             worker.answer_many([(queued, Answer(batch_size=3)) for queued in taken])  # late answers
             await asyncio.sleep(0.2)
             assert channel._pending == {}
             # The server goes on: a new request is admitted and answered.
-            again = asyncio.create_task(dispatcher.classify([b"d"], top_k=5))
+            again = classify(pipeline, [D])
             queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
             worker.answer(queued, Answer(predictions=((0, "d", 1.0),), batch_size=1))
-            (answer,), _, _ = await asyncio.wait_for(again, TIMEOUT_S)
+            (answer,) = (await asyncio.wait_for(again, TIMEOUT_S)).answers
             assert answer.predictions == ((0, "d", 1.0),)
         finally:
             receiving.cancel()
@@ -74,21 +123,23 @@ def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_a
 
 def test_the_images_of_one_request_are_spread_over_the_workers_and_answered_in_order(tmp_path) -> None:
     async def scenario() -> None:
-        dispatcher, channel, workers = dispatcher_with(tmp_path, workers=2)
+        pipeline, channel, workers = pipeline_with(tmp_path, workers=2)
         receiving = asyncio.create_task(channel.receive_answers())
         try:
-            images = [f"image-{i}".encode() for i in range(6)]
-            waiting = asyncio.create_task(dispatcher.classify(images, top_k=5))
+            images = [image(tag) for tag in range(10, 16)]
+            waiting = classify(pipeline, images)
             per_worker = []
             for worker in workers:
                 taken = [await asyncio.to_thread(worker.receive, TIMEOUT_S) for _ in range(3)]
                 assert worker.receive(0.2) is None, "three each: the least busy worker takes the next image"
                 per_worker.append(taken)
             for worker, taken in zip(reversed(workers), reversed(per_worker), strict=True):  # answered out of order
-                worker.answer_many([(q, Answer(predictions=((0, q.request.image.decode(), 1.0),))) for q in taken])
-            answers, _, _ = await asyncio.wait_for(waiting, TIMEOUT_S)
-            assert [a.predictions[0][1] for a in answers] == [image.decode() for image in images]
-            assert {q.request.image for q in per_worker[0]} == {b"image-0", b"image-2", b"image-4"}
+                worker.answer_many(
+                    [(q, Answer(predictions=((0, str(images.index(q.request.image)), 1.0),))) for q in taken]
+                )
+            answers = (await asyncio.wait_for(waiting, TIMEOUT_S)).answers
+            assert [a.predictions[0][1] for a in answers] == [str(index) for index in range(6)]
+            assert {q.request.image for q in per_worker[0]} == {images[0], images[2], images[4]}
         finally:
             receiving.cancel()
             channel.close()
@@ -108,27 +159,27 @@ def test_a_client_that_disconnects_gets_499_at_once_and_its_worker_drops_the_ima
     named on its cancel channel and left out of the next batch, unanswered: nobody waits for them."""
 
     async def scenario() -> None:
-        dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1, limit=8)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, limit=8)
         receiving = asyncio.create_task(channel.receive_answers())
         collector = BatchCollector(worker, BatchPolicy(max_batch_size=8))
         dropped_before = counter("requests_abandoned", where="worker")
         try:
             departure = Departure()
-            leaving = asyncio.create_task(dispatcher.classify([b"a", b"b"], top_k=5, departure=departure))
-            staying = asyncio.create_task(dispatcher.classify([b"c"], top_k=5))
+            leaving = classify(pipeline, [A, B], departure)
+            staying = classify(pipeline, [C])
             await asyncio.sleep(0.1)  # both sent; the worker has not read them yet
             departure.leave()
             with pytest.raises(ClientClosed) as left:
                 await asyncio.wait_for(leaving, TIMEOUT_S)
             assert left.value.status == 499 and left.value.message == CLIENT_LEFT.detail
-            assert dispatcher.gate.admitted == 1, "the slots of the client that left come back at once"
+            assert pipeline.gate.admitted == 1, "the slots of the client that left come back at once"
             await asyncio.sleep(0.1)  # the cancel leaves with the next turn's flush
             batch = await asyncio.to_thread(collector.get_batch)
-            assert [queued.request.image for queued in batch] == [b"c"], "only the staying client's image runs"
+            assert [queued.request.image for queued in batch] == [C], "only the staying client's image runs"
             assert counter("requests_abandoned", where="worker") - dropped_before == 2
             assert worker._received._cancelled == set(), "cancels that matched are forgotten"
             worker.answer(batch[0], Answer(predictions=((0, "c", 1.0),), batch_size=1))
-            (answer,), _, _ = await asyncio.wait_for(staying, TIMEOUT_S)
+            (answer,) = (await asyncio.wait_for(staying, TIMEOUT_S)).answers
             assert answer.predictions == ((0, "c", 1.0),)
         finally:
             receiving.cancel()
@@ -142,16 +193,16 @@ def test_a_cancelled_call_counts_as_leaving_its_images_are_dropped_by_the_worker
     """gRPC cancels the handler of a call its client cancelled: the images it sent are dropped too."""
 
     async def scenario() -> None:
-        dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1)
         collector = BatchCollector(worker, BatchPolicy(max_batch_size=8))
         try:
-            waiting = asyncio.create_task(dispatcher.classify([b"a", b"b", b"c"], top_k=5))
+            waiting = classify(pipeline, [A, B, C])
             await asyncio.sleep(0.1)
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
             await asyncio.sleep(0.1)
             assert await asyncio.to_thread(collector.get_batch) == []
-            assert dispatcher.gate.admitted == 0 and channel._pending == {}
+            assert pipeline.gate.admitted == 0 and channel._pending == {}
         finally:
             channel.close()
             worker.close()
@@ -186,7 +237,7 @@ def test_cancels_for_requests_already_taken_are_forgotten(tmp_path) -> None:
 
 def test_an_abandoned_image_still_in_this_turns_message_is_never_sent(tmp_path) -> None:
     async def scenario() -> None:
-        _dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1)
+        _pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1)
         dropped_before = counter("requests_abandoned", where="http")
         try:
             future = channel.submit(0, 41, ImageRequest(b"a"))
@@ -205,11 +256,11 @@ def test_an_abandoned_image_still_in_this_turns_message_is_never_sent(tmp_path) 
 
 def test_an_answer_that_ran_for_a_client_gone_is_counted_unclaimed(tmp_path) -> None:
     async def scenario() -> None:
-        dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1)
         receiving = asyncio.create_task(channel.receive_answers())
         before = counter("images_unclaimed")
         try:
-            waiting = asyncio.create_task(dispatcher.classify([b"a"], top_k=5))
+            waiting = classify(pipeline, [A])
             queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
@@ -228,14 +279,14 @@ def test_an_answer_that_ran_for_a_client_gone_is_counted_unclaimed(tmp_path) -> 
 def test_a_client_gone_before_classify_is_answered_499_and_sends_nothing(tmp_path) -> None:
 
     async def scenario() -> None:
-        dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1)
         departure = Departure()
         departure.leave()
         try:
             with pytest.raises(ClientClosed):
-                await dispatcher.classify([b"a"], top_k=5, departure=departure)
+                await classify(pipeline, [A], departure)
             assert await asyncio.to_thread(worker.receive, 0.2) is None
-            assert dispatcher.gate.admitted == 0
+            assert pipeline.gate.admitted == 0
         finally:
             channel.close()
             worker.close()
@@ -247,19 +298,19 @@ def test_a_batch_fills_with_live_requests_in_the_places_of_abandoned_ones(tmp_pa
     """Dropping the abandoned must not shrink the batch: the worker takes others in their place."""
 
     async def scenario() -> None:
-        dispatcher, channel, (worker,) = dispatcher_with(tmp_path, workers=1, limit=16)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, limit=16)
         collector = BatchCollector(worker, BatchPolicy(max_batch_size=4))
         try:
             departure = Departure()
-            leaving = asyncio.create_task(dispatcher.classify([b"a", b"b", b"c"], top_k=5, departure=departure))
+            leaving = classify(pipeline, [A, B, C], departure)
             await asyncio.sleep(0.05)
-            staying = asyncio.create_task(dispatcher.classify([b"d", b"e", b"f", b"g"], top_k=5))
+            staying = classify(pipeline, [D, E, F, G])
             await asyncio.sleep(0.05)
             departure.leave()
             await asyncio.gather(leaving, return_exceptions=True)
             await asyncio.sleep(0.1)
             batch = await asyncio.to_thread(collector.get_batch)
-            assert [queued.request.image for queued in batch] == [b"d", b"e", b"f", b"g"]
+            assert [queued.request.image for queued in batch] == [D, E, F, G]
             staying.cancel()
             await asyncio.gather(staying, return_exceptions=True)
         finally:
@@ -272,20 +323,8 @@ def test_a_batch_fills_with_live_requests_in_the_places_of_abandoned_ones(tmp_pa
 # --- The route checked again after the cache lookup (issue 52, item 3) -------------------------------
 
 
-def route_of(version: int, workers: tuple[int, ...]) -> VersionRoute:
-    info = ModelInfo("lite", "w", "torch-eager-fp32", "pil", "", {}, "", "cpu", 8, 0.0, labels=("a", "b"))
-    return VersionRoute("lite", version, workers, info)
-
-
-def table_of(*routes: VersionRoute, generation: int = 1, draining: tuple[int, ...] = ()) -> RoutingTable:
-    models: dict = {}
-    for route in routes:
-        models.setdefault(route.name, {})[route.version] = route
-    return RoutingTable(generation, models, draining, default_model="lite")
-
-
 def test_a_route_still_served_is_kept_and_a_retired_one_is_resolved_again() -> None:
-    """What the dispatcher asks of the table after a cache lookup that awaited Redis."""
+    """What the pipeline asks of the table after a cache lookup that awaited Redis."""
     v1, v2 = route_of(1, (0, 1)), route_of(2, (2, 3))
     assert table_of(v1).current(v1) is v1
     # A load published version 2 and retired version 1 (its workers drain) while a lookup waited.
@@ -300,3 +339,111 @@ def test_a_route_still_served_is_kept_and_a_retired_one_is_resolved_again() -> N
     assert caught.value.status == 404
     # Republished with other workers (a restart): the route as now published.
     assert table_of(route_of(1, (4, 5))).current(v1).workers == (4, 5)
+
+
+# --- The steps in order, each called by the pipeline (issue 54) ---------------------------------------
+
+GOOD = Answer(predictions=((0, "a", 0.75), (1, "b", 0.25)), model="lite", batch_size=1)  # what the cache keeps
+
+
+def test_a_version_not_served_is_refused_before_the_parse(tmp_path) -> None:
+    """The route comes first: a model not served is a 404 before the body is read; 503 before the
+    process follows a routing table."""
+
+    async def scenario() -> None:
+        parsed = []
+
+        async def parse() -> Images:
+            parsed.append(True)
+            return Images([A])
+
+        starting = RequestPipeline(RequestLimits(), AdmissionGate(4), timeout_s=30.0)  # not attached yet
+        with pytest.raises(Unavailable):
+            await starting.run(Ask("lite", None), parse)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1)
+        try:
+            with pytest.raises(NotFound):
+                await pipeline.run(Ask("nope", None), parse)
+            assert not parsed
+        finally:
+            channel.close()
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_image_is_answered_its_own_error_and_never_reaches_the_cache_or_a_worker(tmp_path) -> None:
+    async def scenario() -> None:
+        cache = ResponseCache(1 << 20)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, cache=cache)
+        receiving = asyncio.create_task(channel.receive_answers())
+        parse_error = Answer(status_code=400, detail="not base64")
+        try:
+            waiting = classify(pipeline, [A, b"not an image", parse_error])
+            queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+            assert queued.request.image == A and worker.receive(0.2) is None, "only the image that passed runs"
+            worker.answer(queued, GOOD)
+            outcome = await asyncio.wait_for(waiting, TIMEOUT_S)
+            assert [answer.status_code for answer in outcome.answers] == [200, 415, 400]
+            assert outcome.answers[2] is parse_error and outcome.ran == [0]
+            assert cache.misses == 1, "the cache is asked for the image that passed its checks only"
+        finally:
+            receiving.cancel()
+            channel.close()
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_protocols_rule_for_a_refused_image_fails_the_request_before_any_lookup(tmp_path) -> None:
+    def any_fails_all(parsed: Images, refused: list[Answer | None]) -> None:
+        if any(refused):
+            raise ServiceError(400, "one image failed")
+
+    async def scenario() -> None:
+        cache = ResponseCache(1 << 20)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, cache=cache)
+        try:
+            with pytest.raises(ServiceError, match="one image failed"):
+                await classify(pipeline, [A, b"not an image"], on_refused=any_fails_all)
+            assert cache.misses == 0 and pipeline.gate.admitted == 0
+            assert await asyncio.to_thread(worker.receive, 0.2) is None
+        finally:
+            channel.close()
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_hit_is_answered_without_admission_or_a_worker_and_only_a_success_is_kept(tmp_path) -> None:
+    """The pipeline looks the images up, admits and submits the misses, then keeps their answers: a
+    200 is kept and answers the next request from the cache; an error is never kept."""
+
+    async def scenario() -> None:
+        cache = ResponseCache(1 << 20)
+        pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, limit=1, cache=cache)
+        receiving = asyncio.create_task(channel.receive_answers())
+        try:
+            first = classify(pipeline, [A])
+            worker.answer(await asyncio.to_thread(worker.receive, TIMEOUT_S), GOOD)
+            outcome = await asyncio.wait_for(first, TIMEOUT_S)
+            assert outcome.cache_on and not outcome.from_cache
+            # The gate is full (limit 1): a hit must not need a slot.
+            assert pipeline.gate.try_admit(1)
+            again = await asyncio.wait_for(classify(pipeline, [A]), TIMEOUT_S)
+            pipeline.gate.release(1)
+            assert again.from_cache and again.answers[0].predictions == GOOD.predictions
+            assert await asyncio.to_thread(worker.receive, 0.2) is None, "a hit reaches no worker"
+            failed = classify(pipeline, [B])
+            worker.answer(await asyncio.to_thread(worker.receive, TIMEOUT_S), Answer(status_code=504, detail="late"))
+            assert (await asyncio.wait_for(failed, TIMEOUT_S)).answers[0].status_code == 504
+            retried = classify(pipeline, [B])
+            assert await asyncio.to_thread(worker.receive, TIMEOUT_S) is not None, "an error is never kept"
+            retried.cancel()
+            await asyncio.gather(retried, return_exceptions=True)
+        finally:
+            receiving.cancel()
+            channel.close()
+            worker.close()
+
+    asyncio.run(scenario())

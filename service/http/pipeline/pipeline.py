@@ -1,0 +1,133 @@
+"""The request pipeline: one request's way through an HTTP process, the same for ``POST /predict``, the
+Open Inference Protocol over HTTP and over gRPC. ``RequestPipeline.run`` calls each step in order;
+each step calls down and never back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from service.errors import ClientClosed, Unavailable
+from service.http.base.admission import AdmissionGate
+from service.http.base.limits import RequestLimits
+from service.http.base.worker_watch import WorkerWatch
+from service.http.cache.front import for_route, keep, look_up
+from service.http.cache.response_cache import ResponseCache
+from service.http.pipeline.ask import Ask, Outcome, P
+from service.http.pipeline.checks import refusals
+from service.http.pipeline.submit import CLIENT_LEFT, Submission
+from service.metrics import metrics
+from service.repository.table import RoutingTable, VersionRoute
+from service.request_scope import Departure
+from service.tracing import stage_span
+from service.transport.channels import ApiChannel
+from service.wire import Answer
+
+STARTING = "The server is starting; retry shortly."
+NO_WORKER_READY = "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
+
+
+class RequestPipeline:
+    """Made before the HTTP processes fork, with what they share (the limits, the admission gate in
+    shared memory, the deadline); each process then ``attach``es its own channel, worker watch and
+    cache (service/http/process.py), and answers 503 until it has."""
+
+    def __init__(self, limits: RequestLimits, gate: AdmissionGate, timeout_s: float) -> None:
+        self.limits = limits
+        self.gate = gate
+        self.submission = Submission(timeout_s)
+        self.channel: ApiChannel | None = None
+        self.watch: WorkerWatch | None = None
+        self.cache: ResponseCache | None = None  # this HTTP process's (--response-cache-mb), while attached
+
+    def attach(self, channel: ApiChannel, watch: WorkerWatch, cache: ResponseCache | None = None) -> None:
+        self.channel, self.watch, self.cache = channel, watch, cache
+
+    def detach(self) -> None:
+        self.channel = self.watch = self.cache = None
+
+    def route(self, model: str | None, version: str | None = None) -> VersionRoute:
+        """The served version a request names (``None``: the default model, its latest version);
+        ``ServiceError`` 404 when it is not loaded, 503 before this process follows a table."""
+        return self._table().resolve(model, version)
+
+    async def run(self, ask: Ask, parse: Callable[[], Awaitable[P]]) -> Outcome[P]:
+        """One request, top to bottom: route, parse (the protocol's), route again, check, then for the
+        images that pass: look up the cache, admit, submit, keep. The protocol renders the ``Outcome``.
+
+        Raises ``ServiceError``: 404 for a version not served, the parse's 4xx, ``ask.on_refused``'s,
+        503 when no worker is ready or the images do not fit under ``--max-queue`` now, 413 if they
+        never could, 499 (``ClientClosed``) when the client left. An image without an answer by the
+        deadline gets a 504 ``Answer``.
+        """
+        self.route(ask.model, ask.version)  # a model not served is a 404 before the upload
+        with stage_span("parse"):  # traced requests (service/tracing/)
+            parsed = await parse()
+        # Again once the body is in: a swap during a slow upload may have retired the version's workers.
+        route = self.route(ask.model, ask.version)
+        images = parsed.images
+        refused = refusals(images, self.limits.max_image_pixels)
+        if ask.on_refused is not None:
+            ask.on_refused(parsed, refused)
+        top_k, cache_on = parsed.worker_top_k, self.cache is not None
+        if refused.count(None) == len(images):  # the usual case, every image may run: nothing to pick out
+            answers, total_ms, route = await self._from_cache_or_workers(images, top_k, route, ask)
+            return Outcome(parsed, answers, range(len(images)), total_ms, route, cache_on)
+        # Some were refused: the others run, and each answer goes back to its image's place.
+        ran = [index for index, refusal in enumerate(refused) if refusal is None]
+        answers, total_ms = refused, 0.0
+        if ran:
+            picked = [images[index] for index in ran]
+            ran_answers, total_ms, route = await self._from_cache_or_workers(picked, top_k, route, ask)
+            for index, answer in zip(ran, ran_answers, strict=True):
+                answers[index] = answer
+        return Outcome(parsed, answers, ran, total_ms, route, cache_on)
+
+    async def _from_cache_or_workers(
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask
+    ) -> tuple[list[Answer], float, VersionRoute]:
+        """The checked images' answers from the cache, then the workers for the misses; the
+        milliseconds from the lookup to the last answer, and the version that answered."""
+        cache = self.cache
+        if cache is None:
+            answers, total_ms = await self._admit_and_submit(images, top_k, route, ask.departure)
+            return answers, total_ms, route
+        lookup = await look_up(cache, images, top_k, route)  # hits answered before any admission or decode
+        if not lookup.missing:  # every image a hit
+            metrics().observe_stages({"total": lookup.ms})
+            return lookup.answers, lookup.ms, route  # type: ignore[return-value]  (no None left)
+        # The lookup may have waited on Redis while a load retired the version: checked once more, with
+        # no await from here to the submit, so the misses go to the version served now.
+        route = self._table().current(route, ask.pinned)
+        lookup = for_route(cache, lookup, images, top_k, route)
+        missing = lookup.missing
+        ran, total_ms = await self._admit_and_submit([images[i] for i in missing], top_k, route, ask.departure)
+        return keep(cache, lookup, missing, ran), lookup.ms + total_ms, route
+
+    async def _admit_and_submit(
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute, departure: Departure | None
+    ) -> tuple[list[Answer], float]:
+        """Admit the images under the server-wide gate, submit them to ``route``'s ready workers, and
+        release their slots once answered."""
+        channel, watch = self.channel, self.watch
+        ready = watch.ready_in(route) if watch is not None and channel is not None else ()
+        if departure is not None and departure.gone:
+            raise ClientClosed(CLIENT_LEFT.detail)
+        if not ready or channel is None:
+            raise Unavailable(NO_WORKER_READY)
+        self.gate.admit(len(images))
+        try:
+            answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure)
+        finally:
+            self.gate.release(len(images))
+        metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))
+        if departure is not None and departure.gone:
+            raise ClientClosed(CLIENT_LEFT.detail)  # its answers go nowhere, but the request is counted 499
+        return answers, total_ms
+
+    def _table(self) -> RoutingTable:
+        """The routing table this process follows; 503 before it follows one (or once detached)."""
+        watch = self.watch
+        if watch is None:
+            raise Unavailable(STARTING)
+        return watch.table
