@@ -113,9 +113,14 @@ STOP_CASES = {
     "SIGTERM-to-main": (signal.SIGTERM, False),  # what an orchestrator sends
     "SIGINT-to-group": (signal.SIGINT, True),  # Ctrl-C in a terminal reaches every process of the group
 }
+# Both stop the same way; a second ResNet-152 start of 20 s is the slow tier's.
+STOP_MARKS = {"SIGINT-to-group": [pytest.mark.slow]}
 
 
-@pytest.mark.parametrize(("stop_signal", "to_group"), STOP_CASES.values(), ids=STOP_CASES.keys())
+@pytest.mark.parametrize(
+    ("stop_signal", "to_group"),
+    [pytest.param(*case, id=name, marks=STOP_MARKS.get(name, [])) for name, case in STOP_CASES.items()],
+)
 def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_files, stop_signal, to_group) -> None:
     # ResNet-152 (random weights: only speed matters) keeps 8 requests busy for about a second.
     args = ["--model", "resnet152", "--weights", "random", "--max-batch-size", "4", "--workers-per-device", "2"]
