@@ -151,6 +151,24 @@ def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_
         httpx.get(f"{server.url}/health", timeout=2)
 
 
+def test_sigkill_of_the_main_process_leaves_no_process(tmp_path) -> None:
+    """Killed without a chance to stop its children, the main process still leaves none behind: each
+    ends itself once its parent is gone (service/parent_watch.py), the resource tracker with them."""
+    server = ServerProcess(["--model", "efficientnet-lite0"], log_path=tmp_path / "server.log").start()
+    try:
+        children = descendants_of(server.process.pid)
+        # HTTP server, inference worker, multiprocessing manager, resource tracker
+        assert len(children) >= 4, [c.cmdline() for c in children]
+        server.process.kill()
+        server.process.wait(timeout=10)
+        _gone, alive = psutil.wait_procs(children, timeout=15)
+    finally:
+        server.stop()
+    assert not still_running(alive), [" ".join(c.cmdline())[:120] for c in alive]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{server.url}/health", timeout=2)
+
+
 def test_worker_startup_failure_exits_nonzero_and_cleans_up(tmp_path) -> None:
     garbage = tmp_path / "weights.pt"
     garbage.write_bytes(b"this is not a state_dict")

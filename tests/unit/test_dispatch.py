@@ -16,11 +16,11 @@ from service.http.base.admission import AdmissionGate
 from service.http.base.departure import Departure
 from service.http.base.dispatch import CLIENT_LEFT, ImageDispatcher
 from service.http.base.worker_watch import WorkerWatch
-from service.litserve_bridge import READY
 from service.metrics import metrics
 from service.model_info import ModelInfo
-from service.repository.table import RoutingTable, VersionRoute
+from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
+from service.transport.control_channel import READY
 from service.wire import AbandonedRequests, Answer, ImageRequest, RequestBatch
 from service.worker.collector import BatchCollector
 from service.worker.contract import BatchPolicy
@@ -33,7 +33,8 @@ def dispatcher_with(
 ) -> tuple[ImageDispatcher, ApiChannel, list[WorkerChannel]]:
     config = ChannelConfig(str(tmp_path), api_servers=1)
     channel = ApiChannel(config, 0)
-    watch = WorkerWatch(lambda: dict.fromkeys(range(workers), READY), channel)
+    TableFile(tmp_path).write(RoutingTable(1, worker_states=dict.fromkeys(range(workers), READY)))
+    watch = WorkerWatch(channel, TableFile(tmp_path))
     watch.refresh()
     dispatcher = ImageDispatcher(AdmissionGate(limit), timeout_s=30.0)
     dispatcher.attach(channel, watch)

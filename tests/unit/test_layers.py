@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "service.errors",
         "service.logs",
         "service.heap",
+        "service.parent_watch",
         "service.model_info",
         "service.wire",
         "service.metrics",
