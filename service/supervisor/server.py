@@ -243,7 +243,7 @@ def build_server(
 ) -> VisionLitServer:
     """The server for ``plans`` (one ``ServePlan``: a one-model server); ``settings``: the server's
     own, by default the first plan's; ``model`` names the model the workers load (service/worker/
-    entry.py: the front-end benchmark serves a no-op one through everything else)."""
+    entry.py; service/testing/: the front-end benchmark serves a no-op one through everything else)."""
     if isinstance(plans, ServePlan):
         plans = [VersionPlan(plans.settings.served_name, 1, plans)]
     settings = settings or plans[0].serve_plan.settings

@@ -45,6 +45,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.cli", "service.litserve_api", "service.demo"),
     # vision-tune, a process of its own that starts compile-trt and servers: nothing of the server imports it
     ("service.tune",),
+    # hooks for benchmarks/ (tests/unit/test_benchmark_surface.py): nothing of the product imports them
+    ("service.testing",),
 ]
 # The client runs in the caller's process: it imports nothing of the server.
 CLIENT = "service.client"
