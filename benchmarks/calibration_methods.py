@@ -23,10 +23,7 @@ from pathlib import Path
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import markdown_table
-from compile.backends import get_backend
-from compile.gate import threshold_failures
-from compile.sample_photos import write_sample_calibration_set
-from compile.settings import CompileSettings
+from compile import CompileSettings, get_backend, threshold_failures, write_sample_calibration_set
 
 logger = logging.getLogger("benchmarks.calibration_methods")
 MEASURES = ("top1_agreement", "top5_agreement", "mean_prob_drop", "top5_overlap", "cosine")

@@ -20,12 +20,10 @@ from pathlib import Path
 
 import torch
 
-from compile.libstdcxx import restart_with_preload
-from compile.model_request import ModelRequest
+from compile import ModelRequest, restart_with_preload
 from preprocessing import create_preprocessor
-from service.supervisor.planning.cores import usable_cores
+from service.testing import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads, usable_cores
 from service.tune.images import read_images, write_benchmark_images
-from service.worker.engine import ServedModel, bind_worker_device, load_artifact, load_eager, set_worker_threads
 
 WARMUP_CALLS = 2
 

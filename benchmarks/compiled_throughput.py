@@ -26,12 +26,8 @@ import torch
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import DEFAULT_WORK_DIR, prepare_inputs
-from compile.backends import PRECISION_DTYPES, PrecisionCast
-from compile.catalog import get_model_entry
-from compile.libstdcxx import restart_with_preload
-from compile.manifest import read_manifest
-from compile.weights import load_model
-from service.worker.engine import load_artifact
+from compile import PRECISION_DTYPES, PrecisionCast, get_model_entry, load_model, read_manifest, restart_with_preload
+from service.testing import load_artifact
 
 
 def eager_engine(model: torch.nn.Module, precision: str, device: torch.device) -> Callable:

@@ -43,7 +43,7 @@ from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import markdown_table
 from service.client.launcher import ServerProcess
 from service.settings import without_setting_variables
-from service.supervisor.planning.cores import usable_cores
+from service.testing import usable_cores
 from service.tune.images import IMAGENET_SIZE, photo_jpegs
 
 logger = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ def _bound_process(source: dict, threads: int, batch: int, seconds: float, start
     import torch
 
     from benchmarks.ceiling import load_served
-    from preprocessing.pil_backend import PilPreprocessor
-    from service.worker.engine import set_worker_threads
+    from preprocessing import PilPreprocessor
+    from service.testing import set_worker_threads
 
     device = torch.device("cpu")
     set_worker_threads(device, threads)

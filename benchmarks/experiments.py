@@ -49,13 +49,10 @@ from benchmarks.harness.suite import (
     run_record,
     vision_serve,
 )
-from compile.catalog import get_model_entry
-from compile.gate import compare_logits
-from compile.weights import load_model
-from preprocessing.pil_backend import PilPreprocessor
-from service.supervisor.planning.cores import usable_cores
+from compile import compare_logits, get_model_entry, load_model
+from preprocessing import PilPreprocessor
+from service.testing import set_worker_threads, usable_cores
 from service.tune.loadgen import LoadSpec
-from service.worker.engine import set_worker_threads
 
 logger = logging.getLogger(__name__)
 

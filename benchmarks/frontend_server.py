@@ -13,35 +13,26 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
-# Imported by the workers only: this process, and the HTTP processes forked from it, stay torch-free
-# as vision-serve's own do.
-NOOP_CLASSIFIER = "benchmarks.harness.noop_classifier:NoopClassifier"
+
+def refuse_artifact(settings: ServeSettings) -> str | None:
+    if settings.artifact:
+        return "--artifact: the front-end benchmark serves no engine; drop it."
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from service.cli import build_parser, settings_from_args
-    from service.logs import adopt_library_loggers, configure_logging
-    from service.supervisor.planning.launch import start_planning
-    from service.supervisor.server import build_server, serve
+    # The workers alone import the no-op model (service/testing/noop.py): this process, and the HTTP
+    # processes forked from it, stay torch-free as vision-serve's own do.
+    from service.testing import NOOP_MODEL, serve_model
 
-    parser = build_parser()
-    parser.prog = "python -m benchmarks.frontend_server"
-    try:
-        settings = settings_from_args(parser.parse_args(argv))
-    except ValueError as exc:
-        parser.error(str(exc))
-    if settings.artifact:
-        parser.error("--artifact: the front-end benchmark serves no engine; drop it.")
-    configure_logging(settings.log_level, settings.log_format)
-    adopt_library_loggers()
-    try:
-        plans = start_planning(settings).result()
-    except ValueError as exc:
-        parser.error(str(exc))
-    return serve(build_server(plans, model=NOOP_CLASSIFIER))
+    return serve_model(argv, NOOP_MODEL, "python -m benchmarks.frontend_server", refuse=refuse_artifact)
 
 
 if __name__ == "__main__":

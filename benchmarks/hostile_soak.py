@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.soak import rss_mb, server_processes
-from compile.sample_photos import sample_photo_file
+from compile import sample_photo_file
 from service.client.launcher import ServerProcess, free_port
 from tests.bad_inputs import bad_inputs
 

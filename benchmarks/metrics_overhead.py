@@ -19,9 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
-from service.http.base.observer import HttpObserver
-from service.logs import configure_logging
-from service.metrics import exposition, metrics, multiprocess_mode
+from service.testing import HttpObserver, configure_logging, exposition, metrics, multiprocess_mode
 
 ROUNDS = 7
 STAGES = {"queue": 1.2, "preprocess": 3.4, "inference": 20.0, "postprocess": 0.1, "total": 25.0}

@@ -16,8 +16,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from compile.catalog import get_model_entry
-from compile.weights import load_model
+from compile import get_model_entry, load_model
 
 
 def main() -> None:

@@ -31,13 +31,17 @@ from pathlib import Path
 import zmq
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
-from service.transport.channels import ChannelConfig, WorkerChannel
+from service.testing import (
+    BatchCollector,
+    BatchedModel,
+    BatchPolicy,
+    BatchRunner,
+    ChannelConfig,
+    PipelinedRunner,
+    WorkerChannel,
+)
 from service.tune.images import IMAGENET_SIZE, photo_jpegs
 from service.wire import Answer, ImageRequest, RequestBatch
-from service.worker.collector import BatchCollector
-from service.worker.contract import BatchedModel, BatchPolicy
-from service.worker.pipeline import PipelinedRunner
-from service.worker.runner import BatchRunner
 
 BATCH = 8
 STAND_IN_CASES_MS = ((20.0, 20.0), (10.0, 30.0), (30.0, 10.0))
@@ -133,7 +137,7 @@ def stand_in_results() -> list[dict]:
 
 def real_model_results(models: Sequence[str], images: int) -> list[dict]:
     from service.settings import ServeSettings
-    from service.worker.classifier import Classifier
+    from service.testing import Classifier
 
     width, height = IMAGENET_SIZE
     jpegs = photo_jpegs(width, height)

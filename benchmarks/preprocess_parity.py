@@ -22,11 +22,8 @@ from PIL import Image
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import markdown_table
-from compile._defaults import SAMPLE_PHOTO_JPEG_QUALITY
-from compile.catalog import get_model_entry
-from compile.sample_photos import sample_photo
-from preprocessing import PreprocessSpec, create_preprocessor
-from preprocessing.registry import backend_problem
+from compile import SAMPLE_PHOTO_JPEG_QUALITY, get_model_entry, sample_photo
+from preprocessing import PreprocessSpec, backend_problem, create_preprocessor
 
 logger = logging.getLogger(__name__)
 

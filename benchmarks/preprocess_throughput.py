@@ -35,10 +35,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
-from compile.catalog import get_model_entry
-from preprocessing import _defaults
-from preprocessing.base import Preprocessor
-from preprocessing.registry import backend_problem, create_preprocessor
+from compile import get_model_entry
+from preprocessing import BACKENDS, DALI_MAX_THREADS, Preprocessor, backend_problem, create_preprocessor
 from service.tune.images import JPEG_QUALITY, NOISE_SIGMA, photo_jpegs
 
 SIZES = {"imagenet": (500, 375), "12mp": (4000, 3000)}  # width x height
@@ -173,9 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet152", help="whose PreprocessSpec to use")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument(
-        "--backends", default=",".join(_defaults.BACKENDS), help="comma-separated; default: all that run here"
-    )
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated; default: all that run here")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated of {', '.join(SIZES)}")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--repeats", type=int, default=5)
@@ -194,8 +190,8 @@ def main() -> None:
     sizes = list(filter(None, args.sizes.split(",")))
     requested = list(filter(None, args.backends.split(",")))
     for name in requested:
-        if name not in _defaults.BACKENDS:
-            parser.error(f"unknown backend {name!r}; choose from {', '.join(_defaults.BACKENDS)}")
+        if name not in BACKENDS:
+            parser.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     for size in sizes:
         if size not in SIZES:
             parser.error(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
@@ -254,7 +250,7 @@ def main() -> None:
             "torch_intra_op": torch.get_num_threads(),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "pil": getattr(preprocessors.get("pil"), "num_threads", None),
-            "dali_max": _defaults.DALI_MAX_THREADS,
+            "dali_max": DALI_MAX_THREADS,
         },
         "measure_seconds": elapsed,
         "sizes": {

@@ -152,6 +152,9 @@ def serve_and_exchange(tree: Path, log_path: Path) -> list[Exchange]:
     env = {**os.environ, "VISION_SERVE_API_KEY": KEY, "VISION_SERVE_ADMIN_API_KEY": ADMIN_KEY, "PYTHONPATH": str(tree)}
     command = [sys.executable, "-m", "service.cli", "--model", MODEL, "--port", str(port)]
     command += ["--grpc-port", str(grpc_port), "--max-body-bytes", str(MAX_BODY_BYTES), "--api-servers", "1"]
+    # One worker: with the default of a worker per core, a lone image runs on every idle worker's
+    # threads, and a different thread count sums in another order (probabilities differ in the 7th digit).
+    command += ["--workers-per-device", "1"]
     cat, coffee = photo_jpegs(500, 375, ("chelsea", "coffee"))
     with log_path.open("w") as log:
         server = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)

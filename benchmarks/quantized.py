@@ -41,10 +41,9 @@ from pathlib import Path
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import DEFAULT_WORK_DIR, Inputs, ServerConfig, closed, load_runs, markdown_table
 from benchmarks.harness.suite import vision_serve as serving
-from compile.devices import cpu_flags, cpu_name
-from compile.sample_photos import write_sample_calibration_set
+from compile import cpu_flags, cpu_name, write_sample_calibration_set
 from service.client.launcher import ServerStartError, parent_death_hook
-from service.tune.engines import FAILED, OK, STATUS_BY_EXIT, gate_or_reason
+from service.testing import FAILED, OK, STATUS_BY_EXIT, gate_or_reason
 from service.tune.images import read_images, write_benchmark_images
 from service.tune.loadgen import LoadSpec
 

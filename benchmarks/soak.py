@@ -38,7 +38,7 @@ import psutil
 from PIL import Image
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
-from compile.sample_photos import CAT_LABELS, sample_photo
+from compile import CAT_LABELS, sample_photo
 from service.client.launcher import ServerProcess
 from service.tune.loadgen import percentile
 from tests.bad_inputs import bad_inputs

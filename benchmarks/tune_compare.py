@@ -32,13 +32,27 @@ import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from compile import _defaults as compile_defaults
+from compile import MANIFEST_FILE
 from service.settings import read_config_file
-from service.tune.measure import LoadPlan, Measurement, PoissonPlan, measure
-from service.tune.report import ConfirmRound, confirm_ratios, ratio
-from service.tune.search import FEASIBLE, Objective, Score, SearchResult, quick_limit, quick_search
-from service.tune.session import images_digest, load_images
-from service.tune.space import Candidate, SearchSpace
+from service.testing import (
+    FEASIBLE,
+    Candidate,
+    ConfirmRound,
+    LoadPlan,
+    Measurement,
+    Objective,
+    PoissonPlan,
+    Score,
+    SearchResult,
+    SearchSpace,
+    confirm_ratios,
+    images_digest,
+    load_images,
+    measure,
+    quick_limit,
+    quick_search,
+    ratio,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +217,7 @@ def tuned_vs_defaults(measurements: Sequence[Measurement], objective: Objective)
 
 def candidate_of(values: dict) -> Candidate:
     """The configuration a tuned.toml serves; its engine read from the artifact's manifest."""
-    manifest = json.loads((Path(values["artifact"]) / compile_defaults.MANIFEST_FILE).read_text())
+    manifest = json.loads((Path(values["artifact"]) / MANIFEST_FILE).read_text())
     return Candidate(
         engine=f"{manifest['backend']}-{manifest['precision']}",
         **{name: values[name] for name in Candidate.__dataclass_fields__ if name != "engine"},

@@ -44,6 +44,7 @@ from compile.progress import Progress
 from compile.quantization import Calibration
 from compile.quantization.datasets import ImageFiles, check_disjoint, files_digest, preprocess_files, read_image_folder
 from compile.settings import CompileSettings
+from compile.settings_errors import SettingsError
 from compile.versions import PROJECT_DISTRIBUTION, library_versions, package_version
 from compile.weights import LoadedModel, load_model
 
@@ -90,11 +91,16 @@ def is_artifact_dir(directory: Path) -> bool:
 def check_output_dir(output: Path) -> None:
     """Refuse to replace a directory that is not an artifact: it may hold someone's files."""
     if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output} is a file; give a directory path (it is created).")
+        raise SettingsError(
+            "--output", str(output), f"--output {output} is a file.", "Give a directory path (it is created)."
+        )
     if output.is_dir() and any(output.iterdir()) and not is_artifact_dir(output):
-        raise ValueError(
+        raise SettingsError(
+            "--output",
+            str(output),
             f"--output {output} is a non-empty directory that is not a compile-trt artifact (no valid "
-            f"{_defaults.MANIFEST_FILE}); compile-trt only replaces its own artifacts. Choose a new or empty directory."
+            f"{_defaults.MANIFEST_FILE}); compile-trt only replaces its own artifacts.",
+            "Choose a new or empty directory.",
         )
 
 
@@ -194,22 +200,26 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
 
 
 def check_model_backend(entry: ModelEntry, backend_name: str, settings: CompileSettings) -> None:
-    """Which engines a model file can become: ``ValueError`` with the reason, before any work.
+    """Which engines a model file can become: ``SettingsError`` with the reason, before any work.
 
     An ONNX file is served as it is, by ONNX Runtime at fp32 (the other engines compile PyTorch
     programs, and ONNX has no converter back to one here). An ExportedProgram compiles with every
     backend that exports (inductor, onnx, tensorrt); eager rebuilds catalog architectures only.
     """
     if entry.family == "onnx" and (backend_name != "onnx" or settings.precision not in ("fp32", "int8")):
-        raise ValueError(
+        raise SettingsError(
+            "--backend, --precision",
+            f"{backend_name}, {settings.precision}",
             f"{entry.model} is an ONNX file: it is served as it is by ONNX Runtime (--backend onnx --precision fp32), "
-            f"or quantized (--precision int8 --calibration DIR), not {backend_name} at {settings.precision}. For other "
-            "engines or precisions export the PyTorch model with torch.export.save and compile that .pt2."
+            f"or quantized (--precision int8 --calibration DIR), not {backend_name} at {settings.precision}.",
+            "For other engines or precisions export the PyTorch model with torch.export.save and compile that .pt2.",
         )
     if entry.family == "exported-program" and backend_name == "eager":
-        raise ValueError(
-            f"--backend eager rebuilds a catalog architecture from saved weights; {entry.model} is a program. Use "
-            f"--backend inductor or onnx, or serve the file without compiling: vision-serve --model {entry.model}."
+        raise SettingsError(
+            "--backend",
+            backend_name,
+            f"--backend eager rebuilds a catalog architecture from saved weights; {entry.model} is a program.",
+            f"Use --backend inductor or onnx, or serve the file without compiling: vision-serve --model {entry.model}.",
         )
     if entry.family in ("onnx", "exported-program"):
         read_model_file(entry.model).check_batch(settings.batch)

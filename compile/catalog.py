@@ -16,6 +16,7 @@ from torchvision.models import ResNet152_Weights, get_model_weights
 
 from compile import _defaults
 from compile.manifest import Manifest
+from compile.settings_errors import SettingsError
 from preprocessing.spec import PreprocessSpec
 
 EFFICIENTNET_LITE_MODELS = {"efficientnet-lite0": 224}
@@ -92,9 +93,12 @@ def get_model_entry(name: str) -> ModelEntry:
         )
     close = difflib.get_close_matches(name, known_models(), n=3)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(
-        f"Unknown model {name!r}.{hint} Use 'resnet152' (default), 'efficientnet-lite0' (ships its "
-        "weights, works offline) or any torchvision classification model name, e.g. 'resnet50'."
+    raise SettingsError(
+        "--model",
+        name,
+        f"Unknown model {name!r}.{hint}",
+        "Use 'resnet152' (default), 'efficientnet-lite0' (ships its weights, works offline) or any torchvision "
+        "classification model name, e.g. 'resnet50'.",
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import Field, fields
 from compile import _defaults
 from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
 from compile.settings import CompileSettings, parse_batch
+from compile.settings_errors import SettingsError, exit_on_settings_error
 from preprocessing.spec import SUPPORTED_INTERPOLATIONS
 
 logger = logging.getLogger("compile.cli")
@@ -108,6 +109,7 @@ def settings_from_args(args: argparse.Namespace) -> CompileSettings:
     return CompileSettings(**values)
 
 
+@exit_on_settings_error("compile-trt")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _, settings = parse_settings(parser, argv, settings_from_args)
@@ -130,8 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendUnavailable as exc:
         say(f"compile-trt: {exc}", logging.ERROR)
         return EXIT_UNAVAILABLE
-    except (ValueError, WeightsError) as exc:  # labels, model files, weights: what to change, exit 2
-        parser.error(str(exc))
+    except WeightsError as exc:  # the weights --weights names: the message says what to use instead
+        raise SettingsError("--weights", settings.weights, str(exc), "") from None
+    except ValueError as exc:  # a setting, or the labels, model file or images one names: what to change
+        raise SettingsError.of(exc) from None
     manifest = result.manifest
     state = "up to date (cache hit)" if result.cached else f"compiled in {manifest.compile_seconds:.1f} s"
     say(f"{result.directory}: {manifest.model} {manifest.engine_name} on {manifest.device_type}, {state}")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, fields
 from typing import Any, TypeVar
 
+from compile.settings_errors import SettingsError
+
 Settings = TypeVar("Settings")
 
 # The help of the flags both commands have, worded once.
@@ -43,10 +45,12 @@ def flag(field_name: str) -> str:
 
 
 def check_device_flag(device: str) -> None:
-    """Raise ``ValueError`` unless ``device`` is a form ``--device`` takes. Whether that GPU exists is
+    """Raise ``SettingsError`` unless ``device`` is a form ``--device`` takes. Whether that GPU exists is
     asked where torch is loaded (``compile.devices.parse_device``)."""
     if not (device in NAMED_DEVICES or device.startswith("cuda:")):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}.")
+        raise SettingsError.must(
+            "--device", device, "be auto, cpu, cuda or cuda:N", "Use cuda:0 for the first GPU, or cpu."
+        )
 
 
 def visible_device(index: int, visible_devices: str | None) -> str:
@@ -78,10 +82,7 @@ def parse_settings(
     argv: Sequence[str] | None,
     settings_from: Callable[[argparse.Namespace], Settings],
 ) -> tuple[argparse.Namespace, Settings]:
-    """The parsed ``argv`` and the settings made from it; a value the settings refuse exits as a
-    usage error (code 2) with their message."""
+    """The parsed ``argv`` and the settings made from it. A value the settings refuse raises their
+    ``SettingsError``, which the command's ``main`` turns into a usage error (compile/settings_errors.py)."""
     args = parser.parse_args(argv)
-    try:
-        return args, settings_from(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    return args, settings_from(args)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from compile.settings_errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 
@@ -126,12 +128,19 @@ def parse_device(device: str, cuda_count: int) -> int | None:
     if device == "cpu":
         return None
     if cuda_count == 0:
-        raise ValueError(f"--device {device} asks for a GPU, but torch sees none. Use --device cpu or auto.")
+        raise SettingsError(
+            "--device", device, f"--device {device} asks for a GPU, but torch sees none.", "Use --device cpu or auto."
+        )
     if device == "cuda":
         return ALL_GPUS
     index = device.removeprefix("cuda:")
     if not index.isdigit() or int(index) >= cuda_count:
-        raise ValueError(f"--device {device}: there are {cuda_count} GPUs, so use cuda:0 .. cuda:{cuda_count - 1}.")
+        raise SettingsError(
+            "--device",
+            device,
+            f"--device {device}: there are {cuda_count} GPUs.",
+            f"Use cuda:0 .. cuda:{cuda_count - 1}, or cuda for every one.",
+        )
     return int(index)
 
 

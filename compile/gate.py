@@ -19,6 +19,7 @@ from compile import _defaults
 from compile.catalog import ModelEntry
 from compile.engine import EngineCallable, use_exact_fp32
 from compile.sample_photos import sample_photo_files
+from compile.settings_errors import SettingsError
 from preprocessing.pil_backend import PilPreprocessor
 
 logger = logging.getLogger(__name__)
@@ -95,10 +96,20 @@ def gate_photos(folder: str = "", quantized: bool = False) -> list[tuple[str, by
     if folder:
         root = Path(folder).expanduser()
         if not root.is_dir():
-            raise ValueError(f"--gate-images {folder!r} is not a directory of images.")
+            raise SettingsError(
+                "--gate-images",
+                folder,
+                f"--gate-images {folder!r} is not a directory of images.",
+                "Give a folder of images like the served ones, or leave it out for the sample photos.",
+            )
         paths = sorted(p for p in root.iterdir() if p.suffix.lower() in _defaults.IMAGE_SUFFIXES)[:MAX_GATE_IMAGES]
         if not paths:
-            raise ValueError(f"--gate-images {folder!r} holds no images ({', '.join(_defaults.IMAGE_SUFFIXES)}).")
+            raise SettingsError(
+                "--gate-images",
+                folder,
+                f"--gate-images {folder!r} holds no images ({', '.join(_defaults.IMAGE_SUFFIXES)}).",
+                "Put images like the served ones in it, or leave it out for the sample photos.",
+            )
         return [(p.name, p.read_bytes()) for p in paths]
     try:
         return sample_photo_files("PNG")  # lossless: the gate compares on the photos themselves
@@ -119,9 +130,11 @@ def evaluation_photos(folder: str) -> list[tuple[str, bytes]]:
     try:
         photos = sample_photo_files("PNG")
     except ImportError:
-        raise ValueError(
-            "A quantized engine is gated on real photos: pass --eval DIR (images like the served ones, not in "
-            "--calibration), or install vision-serve[offline] for the built-in sample photos."
+        raise SettingsError(
+            "--eval",
+            None,
+            "A quantized engine is gated on real photos, and the built-in sample photos need scikit-image.",
+            "Pass --eval DIR (images like the served ones, not in --calibration), or install vision-serve[offline].",
         ) from None
     return augmented_photos(photos, _defaults.EVAL_AUGMENTATIONS_PER_PHOTO)
 
@@ -134,7 +147,12 @@ def gate_inputs(entry: ModelEntry, photos: list[tuple[str, bytes]], random_count
         prepared = PilPreprocessor(entry.preprocess, "cpu", num_threads=1)([data for _, data in photos])
         bad = [photos[i][0] for i, error in enumerate(prepared.errors) if error is not None]
         if bad:
-            raise ValueError(f"Gate images that do not decode: {', '.join(bad)}. Remove them from --gate-images.")
+            raise SettingsError(
+                "--gate-images",
+                ", ".join(bad),
+                f"Gate images that do not decode: {', '.join(bad)}.",
+                "Remove them from --gate-images.",
+            )
         parts.append(prepared.images.float().contiguous())
         names.extend(name for name, _ in photos)
     generator = torch.Generator().manual_seed(seed)

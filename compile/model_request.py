@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from compile import _defaults
+from compile.settings_errors import SettingsError
 from preprocessing.spec import SUPPORTED_INTERPOLATIONS
 
 # The preprocessing flags, by field name; a model file needs all of these (interpolation may be left out).
@@ -55,20 +56,31 @@ class ModelRequest:
 
 
 def check_model_flags(request: ModelRequest) -> None:
-    """The checks that need no torch (flag syntax): ``ValueError`` says what to change."""
+    """The checks that need no torch (flag syntax): ``SettingsError`` says what to change."""
     if request.name and not re.fullmatch(_defaults.MODEL_NAME_PATTERN, request.name):
-        raise ValueError(
+        raise SettingsError(
+            "--name",
+            request.name[:200],
             f"--name {request.name[:200]!r}: use 1..128 letters, digits, '.', '_' or '-', starting with a letter "
-            "or digit (it appears in URLs, metric labels and folder names)."
+            "or digit (it appears in URLs, metric labels and folder names).",
+            "Leave --name out to serve under the model's own name.",
         )
-    for flag_name in ("resize_size", "crop_size"):
-        if getattr(request, flag_name) < 0:
-            raise ValueError(
-                f"--{flag_name.replace('_', '-')} must be > 0 (or left out), got {getattr(request, flag_name)}."
+    for field_name in ("resize_size", "crop_size"):
+        flag_name = "--" + field_name.replace("_", "-")
+        if getattr(request, field_name) < 0:
+            raise SettingsError.must(
+                flag_name,
+                getattr(request, field_name),
+                "be > 0 (or left out)",
+                f"Give the {field_name.split('_')[0]} size the model was trained with, in pixels (e.g. "
+                f"{256 if field_name == 'resize_size' else 224}), or leave it out.",
             )
     if request.interpolation and request.interpolation not in SUPPORTED_INTERPOLATIONS:
-        raise ValueError(
-            f"--interpolation must be one of {', '.join(SUPPORTED_INTERPOLATIONS)}, got {request.interpolation!r}."
+        raise SettingsError.must(
+            "--interpolation",
+            request.interpolation,
+            f"be one of {', '.join(SUPPORTED_INTERPOLATIONS)}",
+            "Use the one the model was trained with (bilinear for most), or leave it out.",
         )
     request.preprocess_overrides  # noqa: B018 - parses --mean and --std
 
@@ -80,7 +92,10 @@ def parse_triplet(flag_name: str, text: str) -> tuple[float, float, float]:
     except ValueError:
         values = ()
     if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise ValueError(
-            f"{flag_name} takes three numbers R,G,B (on 0..1 pixel values), e.g. 0.485,0.456,0.406; got {text!r}."
+        raise SettingsError(
+            flag_name,
+            text,
+            f"{flag_name} takes three numbers R,G,B (on 0..1 pixel values), e.g. 0.485,0.456,0.406; got {text!r}.",
+            "Give the values the model was trained with, or leave the flag out for the model's own.",
         )
     return values  # type: ignore[return-value]

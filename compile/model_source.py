@@ -31,6 +31,7 @@ from compile.catalog import ModelEntry, get_model_entry, imagenet_labels
 from compile.labels import IMAGENET_LABELS_KEYWORD, read_labels
 from compile.model_files import ModelFileFacts, model_file_format, read_model_file
 from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
+from compile.settings_errors import SettingsError
 from preprocessing.spec import SUPPORTED_INTERPOLATIONS, PreprocessSpec
 
 
@@ -57,22 +58,34 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
         labels, source = labels_from(request.labels)
         entry = dataclasses.replace(entry, labels=labels, labels_source=source)
     elif not entry.labels:
-        raise ValueError(
+        raise SettingsError(
+            "--labels",
+            None,
             f"--model {request.model} needs --labels: a text file with its {facts.classes if facts else 'N'} class "
-            f"labels, one per line in output order (or '{IMAGENET_LABELS_KEYWORD}' if they are ImageNet's 1,000)."
+            "labels, one per line in output order.",
+            f"Give --labels FILE, or --labels {IMAGENET_LABELS_KEYWORD} if they are ImageNet's 1,000.",
         )
     overrides = request.preprocess_overrides
     if overrides:
         try:
             entry = dataclasses.replace(entry, preprocess=dataclasses.replace(entry.preprocess, **overrides))
-        except ValueError as exc:
-            raise ValueError(f"The preprocessing flags do not fit together: {exc}") from None
+        except ValueError as exc:  # PreprocessSpec's own check (preprocessing/ knows no flags)
+            given = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in overrides.items())
+            raise SettingsError(
+                ", ".join(f"--{name.replace('_', '-')}" for name in overrides),
+                given,
+                f"The preprocessing flags do not fit together ({given}): {exc}",
+                "Give the resize and crop sizes the model was trained with.",
+            ) from None
     if facts is not None:
         facts.check_crop(entry.preprocess.crop_size)
         if facts.classes != entry.num_classes:
-            raise ValueError(
+            raise SettingsError(
+                "--labels",
+                request.labels,
                 f"--labels {request.labels} has {entry.num_classes} labels, but {facts.path} outputs {facts.classes} "
-                "classes. Give the labels file the model was trained with (one line per output, in order)."
+                "classes.",
+                "Give the labels file the model was trained with (one line per output, in order).",
             )
     if request.name:
         entry = dataclasses.replace(entry, name=request.name)
@@ -98,10 +111,13 @@ def file_entry(request: ModelRequest, facts: ModelFileFacts) -> ModelEntry:
     missing = [f for f in PREPROCESS_FLAGS if not getattr(request, f)]
     if missing:
         flags = " ".join(f"--{f.replace('_', '-')}" for f in missing)
-        raise ValueError(
-            f"--model {request.model} is a model file made elsewhere: give the preprocessing it was trained with "
-            f"({flags} missing; e.g. --resize-size 256 --crop-size 224 --mean 0.485,0.456,0.406 --std "
-            "0.229,0.224,0.225 --interpolation bilinear). vision-serve does not assume ImageNet's."
+        raise SettingsError(
+            flags.replace(" ", ", "),
+            None,
+            f"--model {request.model} is a model file made elsewhere, and vision-serve does not assume ImageNet's "
+            f"preprocessing: {flags} missing.",
+            "Give the preprocessing it was trained with, e.g. --resize-size 256 --crop-size 224 --mean "
+            "0.485,0.456,0.406 --std 0.229,0.224,0.225 --interpolation bilinear.",
         )
     overrides = request.preprocess_overrides
     interpolation = str(overrides.get("interpolation", "bilinear"))
@@ -128,8 +144,11 @@ def timm_entry(name: str) -> ModelEntry:
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
         hint = f" Did you mean {', '.join('timm:' + c for c in close)}?" if close else ""
-        raise ValueError(
-            f'timm has no model {name!r}.{hint} `python -c "import timm; print(timm.list_models())"` lists them.'
+        raise SettingsError(
+            "--model",
+            f"{_defaults.TIMM_PREFIX}{name}",
+            f"timm has no model {name!r}.{hint}",
+            '`python -c "import timm; print(timm.list_models())"` lists them.',
         )
     model = timm.create_model(name, pretrained=False)
     config = timm.data.resolve_model_data_config(model)
@@ -159,10 +178,12 @@ def timm_preprocess(name: str, config: dict) -> PreprocessSpec:
     if interpolation not in SUPPORTED_INTERPOLATIONS:
         problems.append(f"its interpolation is {interpolation!r}")
     if problems:
-        raise ValueError(
+        raise SettingsError(
+            "--model",
+            f"{_defaults.TIMM_PREFIX}{name}",
             f"timm:{name}'s preprocessing cannot be served exactly: {'; '.join(problems)}. vision-serve resizes the "
-            f"shorter side, center-crops a square and interpolates {'/'.join(SUPPORTED_INTERPOLATIONS)}; pass "
-            "--resize-size, --crop-size and --interpolation to serve it with those instead."
+            f"shorter side, center-crops a square and interpolates {'/'.join(SUPPORTED_INTERPOLATIONS)}.",
+            "Pass --resize-size, --crop-size and --interpolation to serve it with those instead.",
         )
     return PreprocessSpec(
         resize_size=math.floor(height / crop_pct),
@@ -174,10 +195,12 @@ def timm_preprocess(name: str, config: dict) -> PreprocessSpec:
 
 
 def import_timm():
-    """timm, or a ``ValueError`` saying how to install it (an optional extra)."""
+    """timm, or a ``SettingsError`` saying how to install it (an optional extra)."""
     try:
         import timm
         import timm.data
     except ImportError:
-        raise ValueError("--model timm:<name> needs timm: pip install 'vision-serve[timm]'.") from None
+        raise SettingsError(
+            "--model", "timm:<name>", "--model timm:<name> needs timm.", "pip install 'vision-serve[timm]'."
+        ) from None
     return timm

@@ -27,6 +27,7 @@ from pathlib import Path
 from compile import _defaults
 from compile.manifest import Manifest
 from compile.model_files import onnx_io_names
+from compile.settings_errors import SettingsError
 from preprocessing.dali_triton import TRITON_DALI_INPUT, TRITON_DALI_OUTPUT, build_triton_pipeline
 
 logger = logging.getLogger(__name__)
@@ -56,17 +57,23 @@ class RepositoryModels:
 
 
 def check_exportable(manifest_backend: str, batch: tuple[int, int, int]) -> None:
-    """``ValueError`` saying how to fix it, if an artifact of ``manifest_backend`` and ``batch`` cannot be exported."""
+    """``SettingsError`` saying how to fix it, if an artifact of ``manifest_backend`` and ``batch`` cannot be
+    exported."""
     if manifest_backend != "onnx":
-        raise ValueError(
-            "--triton-repository exports the ONNX model: use it with --backend onnx "
-            f"(this compile is {manifest_backend})."
+        raise SettingsError(
+            "--backend",
+            manifest_backend,
+            f"--triton-repository exports the ONNX model (this compile is {manifest_backend}):",
+            "use it with --backend onnx.",
         )
     low, _, high = batch
     if low != 1 or high < 2:
-        raise ValueError(
+        raise SettingsError(
+            "--batch",
+            ",".join(map(str, batch)),
             f"--triton-repository needs --batch 1,OPT,MAX with MAX >= 2 (got {','.join(map(str, batch))}): Triton's "
-            "dynamic batcher sends batches of every size from 1 up to max_batch_size."
+            "dynamic batcher sends batches of every size from 1 up to max_batch_size.",
+            "Compile with e.g. --batch 1,8,32.",
         )
 
 
@@ -190,16 +197,24 @@ def check_replaceable(folder: Path) -> None:
     except OSError:
         ours = False
     if not ours:
-        raise ValueError(
+        raise SettingsError(
+            "--triton-repository",
+            str(folder.parent),
             f"{folder} exists and was not written by compile-trt --triton-repository (its config.pbtxt lacks our "
-            "first line). Move it away or export into another repository."
+            "first line).",
+            "Move it away or export into another repository.",
         )
 
 
 def check_repository(repository: Path, model: str) -> None:
-    """``ValueError`` if exporting ``model`` into ``repository`` would replace a folder we did not write."""
+    """``SettingsError`` if exporting ``model`` into ``repository`` would replace a folder we did not write."""
     if repository.exists() and not repository.is_dir():
-        raise ValueError(f"--triton-repository {repository} is a file; give a directory (it is created).")
+        raise SettingsError(
+            "--triton-repository",
+            str(repository),
+            f"--triton-repository {repository} is a file.",
+            "Give a directory (it is created).",
+        )
     for name in RepositoryModels.for_model(model).__dict__.values():
         check_replaceable(repository / name)
 

@@ -9,6 +9,7 @@ from dataclasses import Field
 from pathlib import Path
 
 from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
+from compile.settings_errors import SettingsError, exit_on_settings_error
 from service.logs import LOG_FORMATS, adopt_library_loggers, configure_logging
 from service.settings import (
     CONFIG_ENV,
@@ -122,38 +123,34 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     return resolve_from_args(args, environ).settings
 
 
+@exit_on_settings_error("vision-serve")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, resolved = parse_settings(parser, argv, resolve_from_args)
     settings = resolved.settings
     configure_logging(settings.log_level, settings.log_format)
     if args.print_config:
-        return print_config(parser, resolved)
-    if (
-        not settings.artifact
-        and settings.weights not in ("imagenet", "random")
-        and not Path(settings.weights).expanduser().is_file()
-    ):
-        parser.error(f"--weights {settings.weights!r}: no such file. Use imagenet, random, or a state_dict file path.")
+        return print_config(resolved)
+    check_weights_file(settings)
     from service.supervisor.planning.launch import start_planning
 
     planning = start_planning(settings)  # a child process with torch; meanwhile this one imports its web stack
     from service.supervisor.server import build_server, serve
 
     adopt_library_loggers()  # importing litserve gave its logger a handler of its own
-    try:
-        plans = planning.result()
-        names = {plan.name for plan in plans}
-        if settings.default_model and settings.default_model not in names:
-            raise ValueError(
-                f"--default-model {settings.default_model}: no such model in the repository (models: "
-                f"{', '.join(sorted(names)) or 'none'})."
-            )
-        # A repository server keeps its own settings (loads plan from them); a one-model server
-        # serves its plan's, with what the artifact and the machine decided.
-        server = build_server(plans, settings if settings.model_repository else None)
-    except ValueError as exc:
-        parser.error(str(exc))
+    plans = planning.result()
+    names = {plan.name for plan in plans}
+    if settings.default_model and settings.default_model not in names:
+        raise SettingsError(
+            "--default-model",
+            settings.default_model,
+            f"--default-model {settings.default_model}: no such model in the repository (models: "
+            f"{', '.join(sorted(names)) or 'none'}).",
+            "Name one of those, or leave --default-model out.",
+        )
+    # A repository server keeps its own settings (loads plan from them); a one-model server
+    # serves its plan's, with what the artifact and the machine decided.
+    server = build_server(plans, settings if settings.model_repository else None)
     artifacts = [plan.serve_plan.settings for plan in plans if plan.serve_plan.settings.artifact]
     if artifacts:  # AOTInductor CUDA packages need it in the workers that load them
         from compile.libstdcxx import preload_for_children
@@ -162,7 +159,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(server)
 
 
-def print_config(parser: argparse.ArgumentParser, resolved: ResolvedSettings) -> int:
+def check_weights_file(settings: ServeSettings) -> None:
+    """A --weights path must be a file, said before the planner starts (the workers would fail later)."""
+    weights = settings.weights
+    if not settings.artifact and weights not in ("imagenet", "random") and not Path(weights).expanduser().is_file():
+        raise SettingsError(
+            "--weights",
+            weights,
+            f"--weights {weights!r}: no such file.",
+            "Use imagenet, random, or a state_dict file path.",
+        )
+
+
+def print_config(resolved: ResolvedSettings) -> int:
     """The effective settings as a config file, then what the server would choose for the values left
     at 0 (auto) on this machine, and why: planned as a start would plan them."""
     from service.supervisor.planning.launch import start_planning
@@ -171,8 +180,8 @@ def print_config(parser: argparse.ArgumentParser, resolved: ResolvedSettings) ->
     sys.stdout.flush()
     try:
         plans = start_planning(resolved.settings).result()
-    except ValueError as exc:
-        parser.error(f"these settings would not start a server: {exc}")
+    except SettingsError as exc:
+        raise exc.with_message(f"these settings would not start a server: {exc.message}") from None
     sys.stdout.write(render_chosen(plans))
     return 0
 

@@ -1,29 +1,30 @@
 """Every use of LitServe's internals, in one place, checked against the one version it was written for.
 
-vision-serve keeps ``ls.LitAPI`` as its model contract and LitServe's process management (the
-spawned inference workers, the forked uvicorn processes, graceful shutdown), and replaces its
-request path: routes, request and answer transport (service/transport/channels.py), batching loop, worker
-recovery. That needs hooks LitServe does not make public. ``LitServerBridge`` turns them into
-plain methods for service/supervisor/server.py; ``WorkerLoop`` does the same for the worker's loop.
+vision-serve keeps ``ls.LitAPI`` as its model contract and LitServe's start of the HTTP processes
+(the forked uvicorn processes on one socket, graceful shutdown), and replaces the rest: routes,
+request and answer transport (service/transport/channels.py), the inference workers (spawned by the
+model pool, service/supervisor/pool/, which keeps their states: LitServe's manager dict is not used),
+batching loop, worker recovery. That needs hooks LitServe does not make public. ``LitServerBridge``
+turns them into plain methods for service/supervisor/server.py.
 tests/unit/test_litserve_bridge.py holds one contract test per internal used here, so an upgrade that
 moves one fails there, by name, instead of somewhere in the request path.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import multiprocessing as mp
-import time
+import os
 from collections.abc import AsyncIterator, Callable
+from multiprocessing.managers import SyncManager
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 import litserve as ls
 from fastapi import FastAPI
-from litserve.loops import inference_worker
-from litserve.loops.base import DefaultLoop
-from litserve.utils import WorkerSetupStatus
+from litserve.transport.factory import create_transport_from_config
+
+from service.parent_watch import exit_with_parent
 
 SUPPORTED_LITSERVE = "0.2.19"
 
@@ -39,11 +40,6 @@ def check_litserve_version(installed: str) -> None:
 
 check_litserve_version(ls.__version__)
 
-# Worker setup states, as LitServe's workers write them into the shared status dict.
-STARTING = WorkerSetupStatus.STARTING
-READY = WorkerSetupStatus.READY
-ERROR = WorkerSetupStatus.ERROR
-
 
 class StartupInterrupted(Exception):
     """A stop signal arrived before any worker was ready."""
@@ -53,43 +49,14 @@ class WorkerStartupFailed(RuntimeError):
     """An inference worker's setup raised; its traceback is in the log above."""
 
 
-def worker_id_of(status_key: str) -> int:
-    """LitServe names setup states ``<endpoint>_<worker id>``."""
-    return int(status_key.rsplit("_", 1)[1])
-
-
-class WorkerLoop(DefaultLoop):
-    """A worker's loop: LitServe calls it once, after ``setup`` and after marking the worker ready.
-
-    Subclasses implement ``serve(model, worker_id)``, which runs until the process is stopped;
-    ``model`` is what the LitAPI's ``setup`` loaded (``lit_api.model``: service/worker/entry.py).
-    LitServe also hands over its request queue and response transport; they are not used.
-    """
-
-    def __call__(
-        self,
-        lit_api: ls.LitAPI,
-        device: str,
-        worker_id: int,
-        request_queue: object,
-        transport: object,
-        workers_setup_status: object,
-        callback_runner: object,
-    ) -> None:
-        self.serve(lit_api.model, worker_id)
-
-    @abc.abstractmethod
-    def serve(self, model: object, worker_id: int) -> None: ...
-
-
 class LitServerBridge(ls.LitServer):
     """``ls.LitServer`` with its internal hooks turned into the methods below.
 
     Subclasses implement ``register_routes`` (every route of the app), ``http_process`` (an async
     context around each HTTP process's life, with its index), ``before_http_processes``,
-    ``launch_workers`` and ``start_worker_monitor``; they may call ``request_stop``,
-    ``worker_states``, ``spawn_worker``, ``set_worker_state``, ``device_slots`` and read
-    ``lit_api`` (LitServer's own attribute) and ``stop_requested``.
+    ``launch_workers``, ``wait_for_first_worker`` and ``start_worker_monitor``; they may call
+    ``request_stop`` and ``device_slots`` and read ``lit_api`` (LitServer's own attribute) and
+    ``stop_requested``.
     """
 
     stop_requested = False
@@ -108,50 +75,20 @@ class LitServerBridge(ls.LitServer):
     def start_worker_monitor(self) -> None:
         """In the main process, once a worker is ready; should watch the workers it launched."""
 
+    def launch_workers(self) -> list[BaseProcess]:
+        """In the main process, when LitServe would start its workers: start them, return them (LitServe
+        terminates them at shutdown)."""
+        raise NotImplementedError
+
+    def wait_for_first_worker(self) -> None:
+        """In the main process, after ``launch_workers``: return once a worker is ready to serve;
+        raise ``StartupInterrupted`` on a stop request, ``WorkerStartupFailed`` when none can be."""
+        raise NotImplementedError
+
     # -- what subclasses use ---------------------------------------------------------------------
-    def worker_states(self) -> dict[int, str]:
-        """Worker id -> ``STARTING``, ``READY`` or ``ERROR`` (one round trip to the manager)."""
-        return {worker_id_of(key): state for key, state in self.workers_setup_status.copy().items()}
-
-    def spawn_worker(self, lit_api: ls.LitAPI, worker_id: int, device: object) -> BaseProcess:
-        """Start an inference worker for ``lit_api`` on ``device`` (``"cpu"``, ``"cuda:0"``) as
-        LitServe starts its own (``launch_single_inference_worker``), with a worker id and a LitAPI
-        of the caller's choice: models loaded after launch get workers of their own. Its state is
-        STARTING until its ``setup`` returns."""
-        self.set_worker_state(worker_id, STARTING)
-        process = mp.get_context("spawn").Process(
-            target=inference_worker,
-            args=(
-                lit_api,
-                device,
-                worker_id,
-                self._get_request_queue(self.lit_api.api_path),
-                self._transport,
-                self.workers_setup_status,
-                self._callback_runner,
-                self.restart_workers,
-            ),
-            name="inference-worker",
-        )
-        process.start()
-        return process
-
-    def set_worker_state(self, worker_id: int, state: str | None) -> None:
-        """Set a worker's setup state; ``None`` removes it (the worker is gone for good)."""
-        key = f"{self.lit_api.api_path.split('/')[-1]}_{worker_id}"
-        if state is None:
-            self.workers_setup_status.pop(key, None)
-        else:
-            self.workers_setup_status[key] = state
-
     def device_slots(self, workers_per_device: int) -> list[object]:
         """One device per worker, as LitServe lays them out: each device, ``workers_per_device`` times."""
         return [group[0] if len(group) == 1 else group for group in self.devices] * workers_per_device
-
-    def launch_workers(self) -> list[BaseProcess]:
-        """In the main process, when LitServe would start its workers: start them, return them.
-        By default, LitServe's own workers for ``lit_api``."""
-        return ls.LitServer.launch_inference_worker(self, self.lit_api)
 
     def request_stop(self, start_thread: Callable[[Callable[[], None]], None]) -> None:
         """Take LitServe's graceful shutdown path (its /shutdown endpoint's): uvicorn stops accepting
@@ -169,25 +106,28 @@ class LitServerBridge(ls.LitServer):
 
     # -- LitServe's internal hooks, overridden ----------------------------------------------------
     def _init_manager(self, num_api_servers: int) -> object:
-        manager = super()._init_manager(num_api_servers)
+        # LitServer._init_manager, but its manager process ends with this one (service/parent_watch.py):
+        # ``mp.Manager()`` cannot be given that. What the manager still carries: LitServe's stop event.
+        self.main_pid = os.getpid()
+        manager = SyncManager(ctx=mp.get_context())
+        manager.start(initializer=exit_with_parent, initargs=(self.main_pid,))
+        self.transport_config.manager = manager
+        self.transport_config.num_consumers = num_api_servers
+        self.workers_setup_status = manager.dict()
+        self._shutdown_event = manager.Event()
+        for lit_api in self.litapi_connector:
+            self.litapi_request_queues[lit_api.api_path] = manager.Queue()
+        if self._logger_connector._loggers:
+            self.logger_queue = manager.Queue()
+        self._logger_connector.run(self)
+        self._transport = create_transport_from_config(self.transport_config)
         self.before_http_processes()
         return manager
 
     def verify_worker_status(self) -> None:
-        # LitServer.run waits here for the first ready worker; this wait also ends on a stop
-        # request or a worker whose setup failed, instead of forever.
-        while True:
-            states = self.worker_states().values()
-            if READY in states:
-                return
-            if self.stop_requested:
-                raise StartupInterrupted()
-            if ERROR in states or not any(worker.is_alive() for worker in self.inference_workers):
-                raise WorkerStartupFailed(
-                    "An inference worker failed to start (its error is logged above): check --model, "
-                    "--weights and --device."
-                )
-            time.sleep(0.05)
+        # LitServer.run waits here for the first ready worker (in LitServe's manager dict, which our
+        # workers do not write): the subclass's wait, which also ends on a stop or a failed setup.
+        self.wait_for_first_worker()
 
     def _register_internal_endpoints(self) -> None:
         pass  # every route, LitServe's /health and /info included, comes from register_routes
@@ -199,6 +139,9 @@ class LitServerBridge(ls.LitServer):
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         # Not LitServer.lifespan: that starts the reader of LitServe's response queues, which
         # carry nothing here (answers come over service/transport/channels.py).
+        main_pid = getattr(self, "main_pid", None)
+        if main_pid is not None and main_pid != os.getpid():  # a forked HTTP process, not an in-process test
+            exit_with_parent(main_pid)
         async with self.http_process(app, app.response_queue_id):
             yield
 

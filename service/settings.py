@@ -23,6 +23,7 @@ else:  # pragma: no cover - Python 3.10
 from compile._defaults import LOG_LEVELS
 from compile.cli_flags import check_device_flag, flag
 from compile.model_request import ModelRequest, check_model_flags
+from compile.settings_errors import HIDDEN, SettingsError
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service import _defaults
 from service.logs import LOG_FORMATS
@@ -75,95 +76,17 @@ class ServeSettings(ModelRequest):
     response_cache_redis: str = field(default=_defaults.RESPONSE_CACHE_REDIS, repr=False)  # may hold a password
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"--max-batch-size must be >= 1 (1 turns batching off), got {self.max_batch_size}.")
-        if self.batch_timeout_ms < 0:
-            raise ValueError(f"--batch-timeout-ms must be >= 0, got {self.batch_timeout_ms}.")
+        # In the order a user reads the flags; each check names its flag, the value and the fix.
+        check_batching(self)
         check_workers(self)
-        if self.host not in ALLOWED_HOSTS:
-            raise ValueError(
-                f"--host must be one of {', '.join(ALLOWED_HOSTS)} (LitServe binds only these), got {self.host!r}. "
-                "Use 0.0.0.0 to listen on every interface."
-            )
-        if not 1024 <= self.port <= 65535:
-            raise ValueError(f"--port must be in 1024..65535, got {self.port}.")
-        if self.grpc_port and (not 1024 <= self.grpc_port <= 65535 or self.grpc_port == self.port):
-            raise ValueError(
-                f"--grpc-port must be 0 (no gRPC) or a port in 1024..65535 other than --port {self.port}, "
-                f"got {self.grpc_port}."
-            )
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}.")
-        if self.log_format not in LOG_FORMATS:
-            raise ValueError(
-                f"--log-format must be one of {', '.join(LOG_FORMATS)} (json: one object per line, for log "
-                f"pipelines), got {self.log_format!r}."
-            )
-        if self.preprocess not in ("auto", *PREPROCESS_BACKENDS):
-            raise ValueError(
-                f"--preprocess must be auto or one of {', '.join(PREPROCESS_BACKENDS)}, got {self.preprocess!r}."
-            )
+        check_network(self)
+        check_choices(self)
         check_device_flag(self.device)
         check_model_flags(ModelRequest.from_settings(self))
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
-            seconds = getattr(self, name)
-            if not math.isfinite(seconds) or seconds <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {seconds}.")
-        for name in ("max_body_bytes", "max_image_pixels", "max_images_per_request", "max_queue", "max_header_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
-        if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
-            # No "off": the deadline is what guarantees an answer even for a request lost with a
-            # crashed worker before it could report taking it. Use a large value for long batches.
-            raise ValueError(f"--request-timeout-s must be a number > 0, got {self.request_timeout_s}.")
-        if self.request_timeout_s * 1000 <= self.batch_timeout_ms:
-            raise ValueError(
-                f"--request-timeout-s {self.request_timeout_s} must be longer than --batch-timeout-ms "
-                f"{self.batch_timeout_ms} (the wait for a batch to fill), or every request would time out."
-            )
-        for name in ("api_key", "admin_api_key"):
-            key = getattr(self, name)
-            if key != key.strip() or not (key.isascii() and key.isprintable()):
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be printable ASCII without spaces at its ends: HTTP headers "
-                    "carry nothing else reliably."
-                )
-        self._check_repository()
+        check_limits(self)
+        check_keys(self)
+        check_repository(self)
         check_cache_and_tracing(self)
-
-    def _check_repository(self) -> None:
-        if self.model_control not in _defaults.MODEL_CONTROL_MODES:
-            raise ValueError(
-                f"--model-control must be none (serve what the repository holds at start) or explicit (also "
-                f"Triton's load/unload API), got {self.model_control!r}."
-            )
-        if not math.isfinite(self.load_timeout_s) or self.load_timeout_s <= 0:
-            raise ValueError(f"--load-timeout-s must be a number of seconds > 0, got {self.load_timeout_s}.")
-        if self.admin_api_key and self.admin_api_key == self.api_key:
-            raise ValueError(
-                "--admin-api-key must differ from --api-key: a client that may classify must not be able to load "
-                "or unload models."
-            )
-        if self.model_control == "explicit" and not self.model_repository:
-            raise ValueError("--model-control explicit needs --model-repository DIR: the models it loads live there.")
-        if not self.model_repository:
-            return
-        given = [
-            flag
-            for flag, value, default in (
-                ("--artifact", self.artifact, _defaults.ARTIFACT),
-                ("--model", self.model, _defaults.MODEL),
-                ("--weights", self.weights, _defaults.WEIGHTS),
-                ("--labels", self.labels, ""),
-                ("--name", self.name, ""),
-            )
-            if value != default
-        ]
-        if given:
-            raise ValueError(
-                f"{', '.join(given)}: with --model-repository each model's artifact decides these, and its folder "
-                "name is its served name. Drop the flags, or serve one model without --model-repository."
-            )
 
     @property
     def served_name(self) -> str:
@@ -182,50 +105,231 @@ def module_installed(name: str) -> bool:
         return False
 
 
+def check_batching(settings: ServeSettings) -> None:
+    """How batches are made: --max-batch-size, --batch-timeout-ms."""
+    if settings.max_batch_size < 1:
+        raise SettingsError.must(
+            "--max-batch-size",
+            settings.max_batch_size,
+            "be >= 1 (1 turns batching off)",
+            f"Leave it out for {_defaults.MAX_BATCH_SIZE}.",
+        )
+    if settings.batch_timeout_ms < 0:
+        raise SettingsError.must(
+            "--batch-timeout-ms", settings.batch_timeout_ms, "be >= 0", "Use 0 to run each batch as soon as it can."
+        )
+
+
+def check_network(settings: ServeSettings) -> None:
+    """Where the server listens: --host, --port, --grpc-port."""
+    if settings.host not in ALLOWED_HOSTS:
+        raise SettingsError.must(
+            "--host",
+            settings.host,
+            f"be one of {', '.join(ALLOWED_HOSTS)} (LitServe binds only these)",
+            "Use 0.0.0.0 to listen on every interface.",
+        )
+    if not 1024 <= settings.port <= 65535:
+        raise SettingsError.must(
+            "--port", settings.port, "be in 1024..65535", "Pick a free port from 1024 up (8000 by default)."
+        )
+    if settings.grpc_port and (not 1024 <= settings.grpc_port <= 65535 or settings.grpc_port == settings.port):
+        raise SettingsError.must(
+            "--grpc-port",
+            settings.grpc_port,
+            f"be 0 (no gRPC) or a port in 1024..65535 other than --port {settings.port}",
+            "Pick another free port (Triton uses 8001), or 0 for no gRPC.",
+        )
+
+
+def check_choices(settings: ServeSettings) -> None:
+    """The flags that name one of a few: --log-level, --log-format, --preprocess."""
+    if settings.log_level not in LOG_LEVELS:
+        raise SettingsError.must(
+            "--log-level", settings.log_level, f"be one of {', '.join(LOG_LEVELS)}", "Leave it out for info."
+        )
+    if settings.log_format not in LOG_FORMATS:
+        raise SettingsError.must(
+            "--log-format",
+            settings.log_format,
+            f"be one of {', '.join(LOG_FORMATS)} (json: one object per line, for log pipelines)",
+            "Use text for a terminal, json for a log pipeline.",
+        )
+    if settings.preprocess not in ("auto", *PREPROCESS_BACKENDS):
+        raise SettingsError.must(
+            "--preprocess",
+            settings.preprocess,
+            f"be auto or one of {', '.join(PREPROCESS_BACKENDS)}",
+            "Use auto: the fastest this machine can run.",
+        )
+
+
+def check_limits(settings: ServeSettings) -> None:
+    """What a request may be and take: the timeouts and the size limits (service/http/)."""
+    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+        seconds = getattr(settings, name)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise SettingsError.must(
+                flag(name),
+                seconds,
+                "be a number of seconds > 0",
+                f"Leave it out for {getattr(_defaults, name.upper()):g} s.",
+            )
+    for name in ("max_body_bytes", "max_image_pixels", "max_images_per_request", "max_queue", "max_header_bytes"):
+        if getattr(settings, name) < 1:
+            raise SettingsError.must(
+                flag(name), getattr(settings, name), "be >= 1", f"Leave it out for {getattr(_defaults, name.upper())}."
+            )
+    if not math.isfinite(settings.request_timeout_s) or settings.request_timeout_s <= 0:
+        # No "off": the deadline is what guarantees an answer even for a request lost with a
+        # crashed worker before it could report taking it. Use a large value for long batches.
+        raise SettingsError.must(
+            "--request-timeout-s",
+            settings.request_timeout_s,
+            "be a number > 0",
+            f"Leave it out for {_defaults.REQUEST_TIMEOUT_S:g} s, or give a large value for long batches.",
+        )
+    if settings.request_timeout_s * 1000 <= settings.batch_timeout_ms:
+        raise SettingsError(
+            "--request-timeout-s, --batch-timeout-ms",
+            (settings.request_timeout_s, settings.batch_timeout_ms),
+            f"--request-timeout-s {settings.request_timeout_s} must be longer than --batch-timeout-ms "
+            f"{settings.batch_timeout_ms} (the wait for a batch to fill), or every request would time out.",
+            "Raise --request-timeout-s, or lower --batch-timeout-ms.",
+        )
+
+
+def check_keys(settings: ServeSettings) -> None:
+    """The API keys: what an HTTP header can carry."""
+    for name in ("api_key", "admin_api_key"):
+        key = getattr(settings, name)
+        if key != key.strip() or not (key.isascii() and key.isprintable()):
+            raise SettingsError(
+                flag(name),
+                HIDDEN,  # a key is never shown, not even a wrong one
+                f"{flag(name)} must be printable ASCII without spaces at its ends: HTTP headers carry nothing "
+                "else reliably.",
+                "Make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+            )
+
+
+def check_repository(settings: ServeSettings) -> None:
+    """The model repository and its API (service/repository/, service/supervisor/pool/)."""
+    if settings.model_control not in _defaults.MODEL_CONTROL_MODES:
+        raise SettingsError.must(
+            "--model-control",
+            settings.model_control,
+            "be none (serve what the repository holds at start) or explicit (also Triton's load/unload API)",
+            "Leave it out for none.",
+        )
+    if not math.isfinite(settings.load_timeout_s) or settings.load_timeout_s <= 0:
+        raise SettingsError.must(
+            "--load-timeout-s",
+            settings.load_timeout_s,
+            "be a number of seconds > 0",
+            f"Leave it out for {_defaults.LOAD_TIMEOUT_S:g} s.",
+        )
+    if settings.admin_api_key and settings.admin_api_key == settings.api_key:
+        raise SettingsError(
+            "--admin-api-key",
+            HIDDEN,
+            "--admin-api-key must differ from --api-key: a client that may classify must not be able to load "
+            "or unload models.",
+            "Make another key for the admin.",
+        )
+    if settings.model_control == "explicit" and not settings.model_repository:
+        raise SettingsError(
+            "--model-control",
+            settings.model_control,
+            "--model-control explicit needs --model-repository DIR: the models it loads live there.",
+            "Add --model-repository DIR, or leave --model-control out.",
+        )
+    if not settings.model_repository:
+        return
+    given = [
+        given_flag
+        for given_flag, value, default in (
+            ("--artifact", settings.artifact, _defaults.ARTIFACT),
+            ("--model", settings.model, _defaults.MODEL),
+            ("--weights", settings.weights, _defaults.WEIGHTS),
+            ("--labels", settings.labels, ""),
+            ("--name", settings.name, ""),
+        )
+        if value != default
+    ]
+    if given:
+        raise SettingsError(
+            ", ".join(given),
+            settings.model_repository,
+            f"{', '.join(given)}: with --model-repository each model's artifact decides these, and its folder "
+            "name is its served name.",
+            "Drop the flags, or serve one model without --model-repository.",
+        )
+
+
 def check_workers(settings: ServeSettings) -> None:
     """The flags that lay out the processes; 0 lets the server choose (service/supervisor/planning/)."""
+    auto = "Use 0 to let the server choose (--print-config shows what and why)."
     if settings.workers_per_device < 0:
-        raise ValueError(
-            f"--workers-per-device must be >= 1, or 0 to choose from the engine and the machine, "
-            f"got {settings.workers_per_device}."
+        raise SettingsError.must(
+            "--workers-per-device",
+            settings.workers_per_device,
+            "be >= 1, or 0 to choose from the engine and the machine",
+            auto,
         )
     if settings.engine_threads < 0:
-        raise ValueError(
-            f"--engine-threads must be >= 1, or 0 to share the cores among the workers, got {settings.engine_threads}."
+        raise SettingsError.must(
+            "--engine-threads", settings.engine_threads, "be >= 1, or 0 to share the cores among the workers", auto
         )
     if settings.api_servers < 0:
-        raise ValueError(
-            f"--api-servers must be >= 1, or 0 to size it to the devices and cores, got {settings.api_servers}."
+        raise SettingsError.must(
+            "--api-servers", settings.api_servers, "be >= 1, or 0 to size it to the devices and cores", auto
         )
     if settings.pipeline_depth < 0:
-        raise ValueError(
-            f"--pipeline-depth must be 1 (no overlap), 2 or more (prepare the next batches while one runs), "
-            f"or 0 to choose by device, got {settings.pipeline_depth}."
+        raise SettingsError.must(
+            "--pipeline-depth",
+            settings.pipeline_depth,
+            "be 1 (no overlap), 2 or more (prepare the next batches while one runs), or 0 to choose by device",
+            auto,
         )
 
 
 def check_cache_and_tracing(settings: ServeSettings) -> None:
     """The response cache's and tracing's flags (service/http/cache/, service/tracing/)."""
     if settings.response_cache_mb < 0:
-        raise ValueError(f"--response-cache-mb must be >= 0 (0: no cache), got {settings.response_cache_mb}.")
+        raise SettingsError.must(
+            "--response-cache-mb",
+            settings.response_cache_mb,
+            "be >= 0 (0: no cache)",
+            "Give the MiB of answers each HTTP process may keep, or 0 for no cache.",
+        )
     if settings.response_cache_redis:
         if not settings.response_cache_redis.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
+            raise SettingsError(
+                "--response-cache-redis",
+                HIDDEN,  # it may carry a password
                 "--response-cache-redis must be a Redis URL: redis://[:password@]host:port/db, rediss://... "
-                "(TLS) or unix:///path/redis.sock."
+                "(TLS) or unix:///path/redis.sock.",
+                "Start it with one of those schemes, e.g. redis://127.0.0.1:6379/0.",
             )
         if settings.response_cache_mb == 0:
-            raise ValueError(
-                "--response-cache-redis needs --response-cache-mb N > 0: the per-process cache in front of "
-                "Redis (a few MiB is enough)."
+            raise SettingsError(
+                "--response-cache-mb",
+                settings.response_cache_mb,
+                "--response-cache-redis needs --response-cache-mb N > 0: the per-process cache in front of Redis.",
+                "Add --response-cache-mb 64 (a few MiB is enough).",
             )
     for name in ("response_cache_redis_timeout_ms", "response_cache_redis_ttl_s"):
         value = getattr(settings, name)
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a number > 0, got {value}.")
+            default = getattr(_defaults, name.upper())
+            raise SettingsError.must(flag(name), value, "be a number > 0", f"Leave it out for {default:g}.")
     if not 0.0 <= settings.trace_sample_rate <= 1.0:
-        raise ValueError(
-            f"--trace-sample-rate must be in 0..1 (0: no tracing, 1: every request), got {settings.trace_sample_rate}."
+        raise SettingsError.must(
+            "--trace-sample-rate",
+            settings.trace_sample_rate,
+            "be in 0..1 (0: no tracing, 1: every request)",
+            "Use e.g. 0.01 to trace one request in a hundred.",
         )
     for wanted, module, extra in (
         (settings.response_cache_redis, "redis", "cache"),
@@ -233,12 +337,24 @@ def check_cache_and_tracing(settings: ServeSettings) -> None:
         (settings.trace_sample_rate > 0, "opentelemetry.exporter.otlp.proto.grpc", "tracing"),
     ):
         if wanted and not module_installed(module):
-            flag_name = "--response-cache-redis" if extra == "cache" else "--trace-sample-rate"
-            raise ValueError(f"{flag_name} needs {module}, not installed here: pip install 'vision-serve[{extra}]'.")
+            flag_name, value = (
+                ("--response-cache-redis", HIDDEN)
+                if extra == "cache"
+                else ("--trace-sample-rate", settings.trace_sample_rate)
+            )
+            raise SettingsError(
+                flag_name,
+                value,
+                f"{flag_name} needs {module}, not installed here.",
+                f"pip install 'vision-serve[{extra}]', or leave {flag_name} out.",
+            )
     if settings.trace_sample_rate > 0 and not settings.otlp_endpoint:
-        raise ValueError(
-            "--trace-sample-rate > 0 needs --otlp-endpoint URL: the OTLP/gRPC collector the spans go to "
-            "(e.g. http://127.0.0.1:4317)."
+        raise SettingsError(
+            "--otlp-endpoint",
+            None,
+            f"--trace-sample-rate {settings.trace_sample_rate:g} > 0 needs --otlp-endpoint URL: the OTLP/gRPC "
+            "collector the spans go to.",
+            "Add e.g. --otlp-endpoint http://127.0.0.1:4317, or use --trace-sample-rate 0.",
         )
 
 
@@ -287,7 +403,13 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, object]
         try:
             values[f.name] = kind(raw)
         except ValueError:
-            raise ValueError(f"{env_var(f.name)}={raw!r} is not a valid {kind.__name__}.") from None
+            shown = HIDDEN if f.name in SECRET_FIELDS else raw
+            raise SettingsError(
+                env_var(f.name),
+                shown,
+                f"{env_var(f.name)}={shown!r} is not a valid {kind.__name__}.",
+                f"Set it to {TYPE_NAMES[kind]}, e.g. {env_var(f.name)}={f.default}, or unset it.",
+            ) from None
     return values
 
 
@@ -312,23 +434,38 @@ def read_config_file(path: str | os.PathLike) -> dict[str, object]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"Config file {path}: no such file (from --config or {CONFIG_ENV}).") from None
+        raise SettingsError(
+            "--config",
+            str(path),
+            f"Config file {path}: no such file (from --config or {CONFIG_ENV}).",
+            "Give the path of a TOML file (vision-serve --print-config writes one).",
+        ) from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"Config file {path} is not a readable TOML file: {exc}") from None
+        raise SettingsError(
+            "--config",
+            str(path),
+            f"Config file {path} is not a readable TOML file: {exc}.",
+            "Write it as name = value lines (vision-serve --print-config writes one).",
+        ) from None
     values: dict[str, object] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
         if name not in FIELD_TYPES:
             close = difflib.get_close_matches(name, FIELD_TYPES, n=1)
-            hint = f" Did you mean {close[0]}?" if close else f" Known keys: {', '.join(FIELD_TYPES)}."
-            raise ValueError(f"Config file {path}: unknown key {key!r}.{hint}")
+            hint = f"Did you mean {close[0]}?" if close else f"Known keys: {', '.join(FIELD_TYPES)}."
+            # The value of a key that is not known may be a secret under a misspelt name: not kept.
+            raise SettingsError(f"config file key {key}", HIDDEN, f"Config file {path}: unknown key {key!r}.", hint)
         kind = FIELD_TYPES[name]
         if kind is float and type(value) is int:
             value = float(value)
         if type(value) is not kind:
-            example = toml_value(getattr(ServeSettings(), name)) if name != "api_key" else '"..."'
-            raise ValueError(
-                f"Config file {path}: {key} must be {TYPE_NAMES[kind]} (e.g. {name} = {example}), got {value!r}."
+            example = toml_value(getattr(ServeSettings(), name)) if name not in SECRET_FIELDS else '"..."'
+            shown = HIDDEN if name in SECRET_FIELDS else value
+            raise SettingsError(
+                f"config file key {key}",
+                shown,
+                f"Config file {path}: {key} must be {TYPE_NAMES[kind]} (e.g. {name} = {example}), got {shown!r}.",
+                f"Write it as {name} = {example}.",
             )
         values[name] = value
     return values
@@ -362,22 +499,37 @@ def resolve_settings(
     try:
         settings = ServeSettings(**values)
         check_admin_key(settings)
-    except ValueError as exc:
+    except SettingsError as exc:
         # The checks name the flag; say where a value that is not a flag came from.
         from_elsewhere = sorted({s for s in sources.values() if s != "default" and not s.startswith("flag")})
         if from_elsewhere:
-            raise ValueError(f"{exc} (values set by: {', '.join(from_elsewhere)})") from None
+            message = f"{exc.message} (values set by: {', '.join(from_elsewhere)})"
+            raise exc.with_message(message, where_set(exc.flag, sources)) from None
         raise
     return ResolvedSettings(settings, sources)
+
+
+def where_set(flag_name: str, sources: Mapping[str, str]) -> str:
+    """``flag_name`` as the user set it: the flag, the VISION_SERVE_* variable, or the config file's key."""
+    name = flag_name.removeprefix("--").replace("-", "_")
+    source = sources.get(name, "")
+    if source.startswith("env "):
+        return source.removeprefix("env ")
+    if source.startswith("config file "):
+        return f"{name} ({source})"
+    return flag_name
 
 
 def check_admin_key(settings: ServeSettings) -> None:
     """A server started with --model-control explicit must have an admin key. (Checked where a user's
     settings are resolved: the plans that cross to other processes carry no keys at all.)"""
     if settings.model_control == "explicit" and not settings.admin_api_key:
-        raise ValueError(
+        raise SettingsError(
+            "--admin-api-key",
+            None,
             "--model-control explicit needs --admin-api-key (or VISION_SERVE_ADMIN_API_KEY): the load and unload "
-            "calls change what the server serves, and are never open without a key of their own."
+            "calls change what the server serves, and are never open without a key of their own.",
+            "Set VISION_SERVE_ADMIN_API_KEY (flags show in ps), or leave --model-control out.",
         )
 
 

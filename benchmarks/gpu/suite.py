@@ -64,8 +64,7 @@ from benchmarks.harness.suite import (
 )
 from benchmarks.peers.noop_server import noop_server
 from benchmarks.pipeline_check import check_photos, check_under_load
-from compile.libstdcxx import restart_with_preload
-from compile.manifest import read_manifest
+from compile import read_manifest, restart_with_preload
 from service.tune.loadgen import LoadClients, LoadSpec, oip_images, run_load
 from tests.bad_inputs import bad_inputs
 

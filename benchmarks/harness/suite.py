@@ -18,10 +18,7 @@ from pathlib import Path
 
 import torch
 
-from compile.backends import BackendUnavailable, get_backend
-from compile.catalog import get_model_entry
-from compile.cli import EXIT_GATE_FAILED
-from compile.weights import load_model
+from compile import EXIT_GATE_FAILED, BackendUnavailable, get_backend, get_model_entry, load_model
 from service.client.launcher import ServerProcess
 from service.tune.images import read_images, write_benchmark_images
 from service.tune.loadgen import LoadResult, LoadSpec, format_summary, run_load

@@ -65,7 +65,7 @@ import httpx
 import psutil
 import torch
 
-from compile.sample_photos import sample_photo_file
+from compile import sample_photo_file
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,7 @@ def _console_script(name: str) -> Path:
 
 def export_torchscript(model_name: str, weights: str, path: Path) -> Path:
     """Trace ``model_name`` with our loader's ``weights`` on a 1x3x224x224 input and save it to ``path``."""
-    from compile.catalog import get_model_entry
-    from compile.weights import load_model
+    from compile import get_model_entry, load_model
 
     module = load_model(get_model_entry(model_name), weights).module.eval()
     example = torch.zeros(1, 3, 224, 224)
@@ -129,7 +128,7 @@ def build_mar(
     if torchscript_path.suffix != ".pt":
         raise ValueError(f"TorchServe loads TorchScript only from a '.pt' file, not {torchscript_path.name!r}")
     if labels is None:
-        from compile.catalog import get_model_entry
+        from compile import get_model_entry
 
         labels = get_model_entry(model_name).labels
     model_store.mkdir(parents=True, exist_ok=True)

@@ -39,9 +39,8 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from compile.catalog import ModelEntry, get_model_entry
-from compile.weights import load_model
-from preprocessing.spec import PreprocessSpec
+from compile import ModelEntry, get_model_entry, load_model
+from preprocessing import PreprocessSpec
 
 logger = logging.getLogger("triton_model")
 

@@ -252,8 +252,7 @@ def write_weights_file(model_name: str, weights: str, path: Path) -> Path:
     """``weights`` ('imagenet', 'random' or a file) as a state_dict file: what the peer loads."""
     import torch
 
-    from compile.catalog import get_model_entry
-    from compile.weights import load_model
+    from compile import get_model_entry, load_model
 
     if Path(weights).is_file():
         return Path(weights)

@@ -42,7 +42,7 @@ class TritonPythonModel:
         import torch
 
         from benchmarks.peers.triton_model import Classifier
-        from compile.catalog import get_model_entry
+        from compile import get_model_entry
 
         threads = os.cpu_count() or 1  # one instance runs one batch at a time on every core, as the peer
         torch.set_num_threads(threads)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from compile.settings_errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 # ModelOpt's preset per precision. Its INT8 preset is per-channel (axis 0) int8 weights and
@@ -38,7 +40,12 @@ def modelopt_config(precision: str, method: str) -> dict[str, Any]:
     constants, shared by every caller). Only "minmax" is offered: ModelOpt's histogram calibrators
     (entropy, percentile) need a calibration loop outside ``mtq.quantize`` that we cannot run here."""
     if method != "minmax":
-        raise ValueError(f"TensorRT engines calibrate with minmax (ModelOpt's 'max'), not {method!r}.")
+        raise SettingsError(
+            "--calibration-method",
+            method,
+            f"TensorRT engines calibrate with minmax (ModelOpt's 'max'), not {method!r}.",
+            "Use --calibration-method auto: each engine's measured best.",
+        )
     mtq = importlib.import_module("modelopt.torch.quantization")
     config = copy.deepcopy(getattr(mtq, MODELOPT_CONFIGS[precision]))
     config["algorithm"] = "max"

@@ -22,6 +22,7 @@ import numpy as np
 
 from compile import _defaults
 from compile.quantization import Calibration
+from compile.settings_errors import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,12 @@ def quantize_options(method: str, reduce_range: bool = False) -> dict[str, Any]:
     VNNI (``needs_reduced_range``): there its int8 kernels add u8 x s8 products in pairs in 16 bits,
     which full-range weights saturate (EfficientNet-Lite0 then fails the accuracy gate outright)."""
     if method not in ORT_CALIBRATION_METHODS:
-        raise ValueError(f"ONNX Runtime has no {method!r} calibration; it has {', '.join(ORT_CALIBRATION_METHODS)}.")
+        raise SettingsError(
+            "--calibration-method",
+            method,
+            f"ONNX Runtime has no {method!r} calibration; it has {', '.join(ORT_CALIBRATION_METHODS)}.",
+            "Use --calibration-method auto: each engine's measured best.",
+        )
     return {
         "quant_format": "QDQ",
         "per_channel": True,

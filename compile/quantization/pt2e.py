@@ -22,6 +22,7 @@ from torch import nn
 
 from compile.batch_export import batch_dynamic_shapes
 from compile.engine import BackendUnavailable
+from compile.settings_errors import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,12 @@ def quantization_config(method: str, reduce_range: bool = False) -> Any:
     """The x86 quantizer's config: its default (per-channel int8 weights, per-tensor uint8
     activations, in 7 bits with ``reduce_range``) with the activation observer ``method`` names."""
     if method not in ACTIVATION_OBSERVERS:
-        raise ValueError(f"inductor int8 calibrates with {', '.join(ACTIVATION_OBSERVERS)}, not {method!r}.")
+        raise SettingsError(
+            "--calibration-method",
+            method,
+            f"inductor int8 calibrates with {', '.join(ACTIVATION_OBSERVERS)}, not {method!r}.",
+            "Use --calibration-method auto: each engine's measured best.",
+        )
     x86 = importlib.import_module("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
     config = x86.get_default_x86_inductor_quantization_config(is_qat=False, is_dynamic=False, reduce_range=reduce_range)
     if method == "histogram":

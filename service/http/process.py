@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, MutableSequence, Sequence
+from collections.abc import AsyncIterator, MutableSequence, Sequence
 
 from service.errors import ServiceError
 from service.http.base.admission import AdmissionGate
@@ -35,14 +35,12 @@ GRPC_STOP_GRACE_S = 5.0
 
 
 class HttpFrontEnd:
-    """``read_worker_states``: worker id -> setup state (a round trip to LitServe's manager);
-    ``running_batches``: per worker, the size of the batch it runs now (shared memory)."""
+    """``running_batches``: per worker, the size of the batch it runs now (shared memory)."""
 
     def __init__(
         self,
         settings: ServeSettings,
         channels: ChannelConfig,
-        read_worker_states: Callable[[], dict[int, str]],
         running_batches: Sequence[int],
         table_acks: MutableSequence[int],
         server_version: str,
@@ -51,7 +49,6 @@ class HttpFrontEnd:
         self.settings = settings
         self.table_acks = table_acks
         self.channels = channels
-        self.read_worker_states = read_worker_states
         self.running_batches = running_batches
         self.server_version = server_version
         self.limits = RequestLimits(settings.max_body_bytes, settings.max_image_pixels, settings.max_images_per_request)
@@ -66,9 +63,7 @@ class HttpFrontEnd:
         # Here, after the fork: an exporter's thread made in the main process would not survive it.
         configure_tracing(self.settings.trace_sample_rate, self.settings.otlp_endpoint, f"http-{api_server}")
         channel = ApiChannel(self.channels, api_server)
-        watch = WorkerWatch(
-            self.read_worker_states, channel, table_file=TableFile(self.channels.directory), acks=self.table_acks
-        )
+        watch = WorkerWatch(channel, TableFile(self.channels.directory), acks=self.table_acks)
         watch.refresh()
         self.watch = watch
         # Each process its own cache, and its own Redis client made in its own loop (after the fork).

@@ -1,13 +1,13 @@
 """The repository API's calls as the HTTP processes make them (HTTP and gRPC alike): ``RepositoryCalls``
-checks the arguments, sends the call to the main process (service/repository/control_channel.py) and
+checks the arguments, sends the call to the main process (service/transport/control_channel.py) and
 turns its reply into an answer or a ``ServiceError``. Loads run there
 (service/supervisor/pool/repository_operations.py)."""
 
 from __future__ import annotations
 
 from service.errors import InvalidInput, error_of_status
-from service.repository.control_channel import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest, call_main_process
 from service.repository.layout import RepositoryError, check_model_name
+from service.transport.control_channel import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest, call_main_process
 
 # The reply to a load may take the whole load timeout; the rest covers planning and the switch.
 REPLY_MARGIN_S = 30.0

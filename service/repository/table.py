@@ -1,8 +1,9 @@
-"""Which workers serve which model version: the ``RoutingTable`` the main process publishes and
-every HTTP process follows.
+"""Which workers serve which model version, and which are ready: the ``RoutingTable`` the main process
+publishes and every HTTP process follows.
 
 The main process writes the table as a file in the channels' directory (``TableFile``: a pickle,
-replaced atomically) whenever a load or unload changes it; each HTTP process's worker watch reads
+replaced atomically) whenever a load or unload changes it, or a worker's state changes (ready,
+failed, restarted: service/supervisor/pool/states.py); each HTTP process's worker watch reads
 it again when it changed (a ``stat`` per poll) and then records the generation it follows in shared
 memory (``acks``), so that a load call returns only once every HTTP process sends new requests to
 the new version. ``draining`` lists the workers of replaced or unloaded versions: they get no new
@@ -40,6 +41,10 @@ class RoutingTable:
     models: dict[str, dict[int, VersionRoute]] = field(default_factory=dict)
     draining: tuple[int, ...] = ()
     default_model: str = ""  # /predict without ?model=; "" when there is no single answer
+    # Worker id -> "starting", "ready" or "error", of every worker the main process has (it publishes
+    # a new table at each change): requests go only to ready ones, and a worker that is not ready
+    # has the requests it held answered with 503 (service/http/base/worker_watch.py).
+    worker_states: dict[int, str] = field(default_factory=dict)
 
     def routes(self) -> list[VersionRoute]:
         return [route for versions in self.models.values() for route in versions.values()]

@@ -31,15 +31,16 @@ from service.http.routes import register_routes
 from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed
 from service.logs import adopt_library_loggers
 from service.metrics import mark_process_dead, metrics, multiprocess_mode
-from service.repository.control_channel import ControlServer
 from service.settings import ServeSettings
 from service.supervisor.planning.layout import ServerLayout, server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 from service.supervisor.pool.repository_operations import RepositoryOperations
 from service.supervisor.pool.restarts import WorkerRestarter
+from service.supervisor.pool.states import WorkerStates
 from service.supervisor.pool.table_publisher import TablePublisher
-from service.supervisor.pool.workers import WorkerHooks, WorkerSet
+from service.supervisor.pool.workers import WorkerHooks, WorkerSet, spawn_worker
 from service.transport.channels import ChannelConfig
+from service.transport.control_channel import ERROR, READY, ControlServer
 from service.uvicorn_bridge import ConnectionLimits, guarded_http_protocol
 from service.worker.entry import CLASSIFIER, WorkerEntry
 from service.worker.loop import BatchPolicy, GreedyBatchedLoop
@@ -47,6 +48,7 @@ from service.worker.loop import BatchPolicy, GreedyBatchedLoop
 logger = logging.getLogger(__name__)
 
 CHILD_STOP_TIMEOUT_S = 10.0
+STARTUP_POLL_S = 0.05
 # Slots of the shared array of running batch sizes; a worker writes slot id % RUNNING_SLOTS (ids grow
 # with every load, and a slot is 0 whenever its worker is idle or gone).
 RUNNING_SLOTS = 1024
@@ -93,22 +95,26 @@ class VisionLitServer(LitServerBridge):
         self.table_acks = multiprocessing.Array("q", [-1] * layout.api_servers, lock=False)
         self.initial_plans = list(plans)
         self.worker_hooks = WorkerHooks(
-            spawn=self.spawn_worker,
-            states=self.worker_states,
-            set_state=self.set_worker_state,
-            make_entry=self.make_entry,
-            device_slots=self.device_slots,
+            spawn=self.spawn_worker, make_entry=self.make_entry, device_slots=self.device_slots
         )
         self.pool_stopping = threading.Event()  # set on stop: a load's waits end at once
-        self.worker_set = WorkerSet(settings, self.channels.directory, self.worker_hooks, self.pool_stopping)
+        # Every worker's state: changed by the pool and by the workers' reports over the control
+        # channel, published to the HTTP processes in the routing table (docs/development.md).
+        self.states = WorkerStates()
+        self.worker_set = WorkerSet(settings, self.states, self.worker_hooks, self.pool_stopping)
         self.table_publisher = TablePublisher(
-            self.channels.directory, self.table_acks, self.worker_set.routes, settings.default_model, self.pool_stopping
+            self.channels.directory,
+            self.table_acks,
+            self.worker_set.routes,
+            self.states.snapshot,
+            settings.default_model,
+            self.pool_stopping,
         )
+        self.states.on_change = self.table_publisher.publish_soon
         self.repository = RepositoryOperations(settings, layout, self.worker_set, self.table_publisher)
+        self.control = ControlServer(self.channels.directory, self.repository.handle, self.states.take_report)
         # Before LitServer.__init__, which registers the routes that use it.
-        self.frontend = HttpFrontEnd(
-            settings, self.channels, self.worker_states, self.running, self.table_acks, SERVER_VERSION
-        )
+        self.frontend = HttpFrontEnd(settings, self.channels, self.running, self.table_acks, SERVER_VERSION)
         first = plans[0].serve_plan
         # timeout: LitServe's own deadline, which its loop would apply (ours applies the same one).
         super().__init__(
@@ -119,23 +125,40 @@ class VisionLitServer(LitServerBridge):
             devices=first.devices,
             workers_per_device=first.settings.workers_per_device,
         )
-        self._control: ControlServer | None = None
 
     def make_entry(self, plan: VersionPlan) -> WorkerEntry:
         """The LitAPI a version's workers run: its settings, and the loop with its batch policy."""
         settings = plan.serve_plan.settings
-        entry = WorkerEntry(settings, self.model_path)
         policy = BatchPolicy(
             max_batch_size=settings.max_batch_size,
             batch_timeout_s=settings.batch_timeout_ms / 1000,
             request_timeout_s=settings.request_timeout_s,
             pipeline_depth=settings.pipeline_depth,
         )
-        entry.loop = GreedyBatchedLoop(self.channels, policy, self.running)
-        return entry
+        return WorkerEntry(settings, GreedyBatchedLoop(self.channels, policy, self.running), self.model_path)
+
+    def spawn_worker(self, entry: object, worker_id: int, device: object) -> BaseProcess:
+        return spawn_worker(entry, worker_id, device, self.channels.directory)
 
     def launch_workers(self) -> list:
+        # The control channel first: the workers report on it that they are ready.
+        self.control.start()
+        self.table_publisher.start()
         return self.repository.start(self.initial_plans)
+
+    def wait_for_first_worker(self) -> None:
+        while True:
+            states = self.states.snapshot().values()
+            if READY in states:
+                return
+            if self.stop_requested:
+                raise StartupInterrupted()
+            if ERROR in states or not any(process.is_alive() for process in self.worker_set.processes()):
+                raise WorkerStartupFailed(
+                    "An inference worker failed to start (its error is logged above): check --model, "
+                    "--weights and --device."
+                )
+            time.sleep(STARTUP_POLL_S)
 
     def request_stop(self) -> None:
         self.pool_stopping.set()
@@ -152,25 +175,7 @@ class VisionLitServer(LitServerBridge):
 
     def server_info(self) -> dict:
         """``/info``'s ``server`` object; ``queued`` is filled in at each call."""
-        settings = self.settings
-        first = self.initial_plans[0].serve_plan.settings  # each model's own sizing: /info's models
-        return {
-            "devices": device_names(self.devices),
-            "workers_per_device": first.workers_per_device,
-            "engine_threads": first.engine_threads,
-            "api_servers": self.api_servers,
-            "pipeline_depth": self.initial_plans[0].serve_plan.settings.pipeline_depth,
-            "max_queue": settings.max_queue,
-            "queued": 0,
-            "request_timeout_s": settings.request_timeout_s,
-            "max_body_bytes": settings.max_body_bytes,
-            "max_image_pixels": settings.max_image_pixels,
-            "max_images_per_request": settings.max_images_per_request,
-            "grpc_port": settings.grpc_port,
-            "api_key_required": bool(settings.api_key),
-            "model_repository": settings.model_repository or None,
-            "model_control": settings.model_control,
-        }
+        return server_info(self.settings, self.initial_plans[0].serve_plan.settings, self.devices, self.api_servers)
 
     @asynccontextmanager
     async def http_process(self, app: FastAPI, api_server: int) -> AsyncIterator[None]:
@@ -187,13 +192,9 @@ class VisionLitServer(LitServerBridge):
             daemon=True,
         )
         thread.start()
-        if self.settings.model_control == "explicit":
-            self._control = ControlServer(self.channels.directory, self.repository.handle)
-            self._control.start()
 
     def stop_control(self) -> None:
-        if self._control is not None:
-            self._control.stop()
+        self.control.stop()
 
     @staticmethod
     def _count_restart(process: BaseProcess) -> None:
@@ -210,6 +211,28 @@ class VisionLitServer(LitServerBridge):
         self.request_stop()
 
 
+def server_info(settings: ServeSettings, first: ServeSettings, devices: list, api_servers: int) -> dict:
+    """``/info``'s ``server`` object: the server's ``settings``, and the sizing of the first model's
+    (``first``: each model's own is in /info's models)."""
+    return {
+        "devices": device_names(devices),
+        "workers_per_device": first.workers_per_device,
+        "engine_threads": first.engine_threads,
+        "api_servers": api_servers,
+        "pipeline_depth": first.pipeline_depth,
+        "max_queue": settings.max_queue,
+        "queued": 0,
+        "request_timeout_s": settings.request_timeout_s,
+        "max_body_bytes": settings.max_body_bytes,
+        "max_image_pixels": settings.max_image_pixels,
+        "max_images_per_request": settings.max_images_per_request,
+        "grpc_port": settings.grpc_port,
+        "api_key_required": bool(settings.api_key),
+        "model_repository": settings.model_repository or None,
+        "model_control": settings.model_control,
+    }
+
+
 def start_stop_thread(target: Callable[[], None]) -> None:
     """Run ``target`` (the stop event's ``set``) in a thread of its own (see ``request_stop``)."""
     threading.Thread(target=target, name="vision-serve-stop", daemon=True).start()
@@ -220,7 +243,7 @@ def build_server(
 ) -> VisionLitServer:
     """The server for ``plans`` (one ``ServePlan``: a one-model server); ``settings``: the server's
     own, by default the first plan's; ``model`` names the model the workers load (service/worker/
-    entry.py: the front-end benchmark serves a no-op one through everything else)."""
+    entry.py; service/testing/: the front-end benchmark serves a no-op one through everything else)."""
     if isinstance(plans, ServePlan):
         plans = [VersionPlan(plans.settings.served_name, 1, plans)]
     settings = settings or plans[0].serve_plan.settings

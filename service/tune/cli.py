@@ -12,6 +12,7 @@ from dataclasses import Field, fields
 
 from compile._defaults import CALIBRATION_METHODS, LOG_LEVELS
 from compile.cli_flags import SHARED_HELP, add_settings_flags, parse_settings
+from compile.settings_errors import exit_on_settings_error, usage_exit
 from service.tune import _defaults
 from service.tune.settings import TuneSettings
 
@@ -121,6 +122,7 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.default_int_handler(signum, frame))
 
 
+@exit_on_settings_error("vision-tune")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _, settings = parse_settings(parser, argv, settings_from_args)
@@ -130,11 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     missing = missing_extras()
     if missing:
-        parser.error(f"vision-tune needs {', '.join(missing)}: pip install 'vision-serve[tune]'")
+        usage_exit(parser.prog, f"vision-tune needs {', '.join(missing)}: pip install 'vision-serve[tune]'")
     _stop_on_signals()
     # torch and the load generator after the argument checks, so that --help and usage errors are fast.
     from service.tune.report import ratios_text
-    from service.tune.tuner import TuneFailed, Tuner, TuneSetupError
+    from service.tune.tuner import TuneFailed, Tuner
 
     try:
         outcome = Tuner(settings).run()
@@ -148,8 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TuneFailed as exc:
         print(f"vision-tune: {exc}", file=sys.stderr)
         return EXIT_NO_ANSWER
-    except TuneSetupError as exc:  # settings the machine or the work folder refuse: what to change
-        parser.error(str(exc))
     record = outcome.record
     print(f"Tuned: {record.tuned.key} -> {outcome.toml}")
     ratios = record.ratios()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from compile.settings_errors import SettingsError
 
-class TuneSetupError(ValueError):
-    """The settings do not fit this machine or the work folder: what to change (a usage error)."""
+
+class TuneSetupError(SettingsError):
+    """The settings do not fit this machine or the work folder: what to change (a usage error, as
+    every ``SettingsError``)."""
 
 
 class TuneFailed(RuntimeError):

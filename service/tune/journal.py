@@ -16,6 +16,7 @@ import logging
 import os
 from pathlib import Path
 
+from compile.settings_errors import SettingsError
 from service.tune.engines import EngineBuild
 from service.tune.measure import Measurement
 
@@ -68,12 +69,19 @@ class Journal:
         try:
             header = json.loads(lines[0])
         except (IndexError, ValueError):
-            raise ValueError(f"{self.path} is not a vision-tune journal; use --restart to start over.") from None
+            raise SettingsError(
+                "--work",
+                str(self.path.parent),
+                f"{self.path} is not a vision-tune journal.",
+                "Use --restart to start over, or give another --work folder.",
+            ) from None
         if header.get("fingerprint") != fingerprint(self.identity):
             changed = differences(header.get("identity", {}), self.identity)
-            raise ValueError(
-                f"{self.path.parent} holds a tune of other settings ({'; '.join(changed) or 'unknown'}). "
-                "Resume it with the same settings, start over with --restart, or give another --work folder."
+            raise SettingsError(
+                "--work",
+                str(self.path.parent),
+                f"{self.path.parent} holds a tune of other settings ({'; '.join(changed) or 'unknown'}).",
+                "Resume it with the same settings, start over with --restart, or give another --work folder.",
             )
         for number, line in enumerate(lines[1:], 2):
             try:

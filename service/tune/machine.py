@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from compile.devices import cpu_has, cpu_name, parse_device
+from compile.settings_errors import SettingsError
 from service import _defaults as serve_defaults
 from service.supervisor.planning.cores import usable_cores
 from service.tune import _defaults
@@ -119,14 +120,22 @@ def build_grid(settings: TuneSettings, machine: Machine) -> tuple[SearchSpace, l
         for backend in preprocess:
             problem = preprocess_problem(backend, machine)
             if problem:
-                raise ValueError(f"--preprocess {backend} cannot run here: {problem}.")
+                raise SettingsError(
+                    "--preprocess",
+                    backend,
+                    f"--preprocess {backend} cannot run here: {problem}.",
+                    "Leave --preprocess out to try those this machine can run.",
+                )
     devices = given.get("devices")
     if devices is None:
         devices = ("cuda:0", "cuda") if gpu and machine.gpu_count > 1 else (machine.default_device,)
     for device in devices:
         if (device == "cpu") == gpu:
-            raise ValueError(
-                f"--devices {device}: the tune runs on {machine.accelerator} (--device {settings.device})."
+            raise SettingsError(
+                "--devices",
+                device,
+                f"--devices {device}: the tune runs on {machine.accelerator} (--device {settings.device}).",
+                "Name devices of that kind, or change --device.",
             )
         parse_device(device, machine.gpu_count)
     pick = (lambda gpu_value, cpu_value: gpu_value) if gpu else (lambda gpu_value, cpu_value: cpu_value)

@@ -77,8 +77,8 @@ class TuneSession:
             s.work_dir.mkdir(parents=True, exist_ok=True)
             identity = tune_identity(s, space, default, machine, images)
             journal = Journal.open(s.work_dir / _defaults.JOURNAL_FILE, identity, s.restart)
-        except ValueError as exc:
-            raise TuneSetupError(str(exc)) from None
+        except ValueError as exc:  # a SettingsError keeps its flag, value and fix
+            raise TuneSetupError.of(exc) from None
         gpu = machine.accelerator == "cuda"
         objective = Objective(s.objective, s.p99_ms, s.max_memory_mib, machine.accelerator)
         clients = s.client_processes or (_defaults.GPU_CLIENT_PROCESSES if gpu else _defaults.CPU_CLIENT_PROCESSES)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compile import _defaults as compile_defaults
-from compile.cli_flags import check_device_flag
+from compile.cli_flags import check_device_flag, flag
 from compile.model_request import ModelRequest, check_model_flags
-from compile.settings import CALIBRATION_NEEDED, CompileSettings
+from compile.settings import CALIBRATION_ADVICE, CALIBRATION_NEEDED, CompileSettings
+from compile.settings_errors import SettingsError
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service.tune import _defaults
 
@@ -76,45 +77,54 @@ class TuneSettings(ModelRequest):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.p99_ms) and self.p99_ms > 0):
-            raise ValueError(
+            raise SettingsError(
+                "--p99-ms",
+                self.p99_ms or None,
                 "--p99-ms is required: the latency target, in milliseconds, that the tuned configuration's p99 "
-                "must meet (e.g. --p99-ms 100)."
+                f"must meet{'' if self.p99_ms == 0 else f', got {self.p99_ms}'}.",
+                "Give the p99 your users need, e.g. --p99-ms 100.",
             )
         if self.objective not in _defaults.OBJECTIVES:
-            raise ValueError(
-                f"--objective must be throughput (most images/s within the target) or latency (lowest p99 at "
-                f"--rate), got {self.objective!r}."
+            raise SettingsError.must(
+                "--objective",
+                self.objective,
+                "be throughput (most images/s within the target) or latency (lowest p99 at --rate)",
+                "Leave it out for throughput.",
             )
         if self.search not in _defaults.SEARCHES:
-            raise ValueError(
-                f"--search must be quick (coordinate descent) or full (every configuration), got {self.search!r}."
+            raise SettingsError.must(
+                "--search",
+                self.search,
+                "be quick (coordinate descent) or full (every configuration)",
+                "Leave it out for quick.",
             )
         if not (math.isfinite(self.rate) and self.rate >= 0):
-            raise ValueError(
-                f"--rate must be requests per second >= 0 (0: what the defaults sustain), got {self.rate}."
+            raise SettingsError.must(
+                "--rate",
+                self.rate,
+                "be requests per second >= 0 (0: what the defaults sustain)",
+                "Give the load your server takes at its peak, or leave it out.",
             )
         if self.rate and self.objective != "latency":
-            raise ValueError("--rate is the load of --objective latency; with --objective throughput leave it out.")
+            raise SettingsError(
+                "--rate",
+                self.rate,
+                f"--rate is the load of --objective latency; --objective {self.objective} finds its own load, got "
+                f"--rate {self.rate:g}.",
+                "Leave --rate out, or add --objective latency.",
+            )
         for name in ("budget_min", "max_memory_mib"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: no limit), got {value}.")
-        for name in ("step_seconds", "poisson_seconds"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}.")
-        if not 0 < self.load_factor <= 1:
-            raise ValueError(
-                f"--load-factor must be in (0, 1]: the share of the closed-loop throughput offered as Poisson "
-                f"arrivals, got {self.load_factor}."
-            )
-        if self.min_requests < 10:
-            raise ValueError(f"--min-requests must be >= 10 (a p99 needs samples), got {self.min_requests}.")
-        for name in ("max_concurrency", "client_processes", "confirm_rounds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}.")
+                raise SettingsError.must(flag(name), value, "be >= 0 (0: no limit)", "Leave it out for no limit.")
+        check_measuring(self)
         if not self.output.endswith(".toml"):
-            raise ValueError(f"--output must name a .toml file (vision-serve --config reads it), got {self.output!r}.")
+            raise SettingsError.must(
+                "--output",
+                self.output,
+                "name a .toml file (vision-serve --config reads it)",
+                f"Use e.g. --output {Path(self.output).stem or 'tuned'}.toml.",
+            )
         check_device_flag(self.device)
         check_model_flags(ModelRequest.from_settings(self))
         check_compile_flags(self)
@@ -153,6 +163,32 @@ class TuneSettings(ModelRequest):
         return dataclasses.asdict(self)
 
 
+def check_measuring(settings: TuneSettings) -> None:
+    """How each configuration is measured: the load steps, the Poisson run, the clients, the confirm rounds."""
+    for name in ("step_seconds", "poisson_seconds"):
+        value = getattr(settings, name)
+        if not (math.isfinite(value) and value > 0):
+            default = getattr(TuneSettings, name)
+            raise SettingsError.must(flag(name), value, "be > 0 seconds", f"Leave it out for {default:g} s.")
+    if not 0 < settings.load_factor <= 1:
+        raise SettingsError.must(
+            "--load-factor",
+            settings.load_factor,
+            "be in (0, 1]: the share of the closed-loop throughput offered as Poisson arrivals",
+            f"Leave it out for {_defaults.LOAD_FACTOR:g}.",
+        )
+    if settings.min_requests < 10:
+        raise SettingsError.must(
+            "--min-requests",
+            settings.min_requests,
+            "be >= 10 (a p99 needs samples)",
+            f"Leave it out for {_defaults.MIN_REQUESTS}.",
+        )
+    for name in ("max_concurrency", "client_processes", "confirm_rounds"):
+        if getattr(settings, name) < 0:
+            raise SettingsError.must(flag(name), getattr(settings, name), "be >= 0", "Leave it out for the default.")
+
+
 def check_compile_flags(settings: TuneSettings) -> None:
     """The calibration flags and gate thresholds, checked by compile-trt's own settings (its words),
     as the engines' compile-trt commands will pass them on."""
@@ -174,15 +210,18 @@ def check_calibration(settings: TuneSettings) -> None:
         return  # the machine's grid: --calibration adds its int8 engines
     quantized = quantized_engines(engines)
     if quantized and not settings.calibration:
-        raise ValueError(calibration_needed(quantized))
+        raise SettingsError("--calibration", None, calibration_needed(quantized), CALIBRATION_ADVICE)
     # A usage error rather than a warning: compile-trt refuses --calibration for a precision that
     # is not quantized, and a tune is long; a flag dropped silently would let the user believe int8
     # was tried. Without --engines the flag is what adds the int8 engines, so it always does something.
     if settings.calibration and not quantized:
-        raise ValueError(
+        raise SettingsError(
+            "--calibration",
+            settings.calibration,
             f"--calibration calibrates quantized engines ({'/'.join(compile_defaults.QUANTIZED_PRECISIONS)}), "
-            f"and --engines {','.join(engines)} holds none. Add one (e.g. onnx-int8) to --engines, drop "
-            "--engines to take the machine's grid with its int8 engines, or drop --calibration."
+            f"and --engines {','.join(engines)} holds none.",
+            "Add one (e.g. onnx-int8) to --engines, drop --engines to take the machine's grid with its int8 "
+            "engines, or drop --calibration.",
         )
 
 
@@ -211,7 +250,12 @@ def parse_numbers(flag: str, text: str, kind: type, minimum: float) -> tuple:
         values = ()
     if not values or any(not math.isfinite(v) or v < minimum for v in values):
         example = "1,4,8,32" if kind is int else "0,10"
-        raise ValueError(f"{flag} takes numbers >= {minimum:g} separated by commas, e.g. {example}; got {text!r}.")
+        raise SettingsError(
+            flag,
+            text,
+            f"{flag} takes numbers >= {minimum:g} separated by commas, e.g. {example}; got {text!r}.",
+            "Leave it out for the machine's grid (docs/tuning.md).",
+        )
     return tuple(sorted(set(values)))
 
 
@@ -220,15 +264,20 @@ def parse_engines(text: str) -> tuple[str, ...]:
     for part in split_list(text):
         match = ENGINE_PATTERN.match(part)
         if not match or match.group("backend") not in COMPILE_BACKENDS:
-            raise ValueError(
+            raise SettingsError(
+                "--engines",
+                text,
                 f"--engines takes BACKEND-PRECISION pairs separated by commas, e.g. onnx-fp32,inductor-bf16 "
                 f"(backends: {', '.join(COMPILE_BACKENDS)}; precisions: {', '.join(compile_defaults.PRECISIONS)}); "
-                f"got {part!r}."
+                f"got {part!r}.",
+                "Leave it out for the machine's grid (docs/tuning.md).",
             )
         if part not in engines:
             engines.append(part)
     if not engines:
-        raise ValueError(f"--engines names no engine: {text!r}.")
+        raise SettingsError(
+            "--engines", text, f"--engines names no engine: {text!r}.", "Leave it out for the machine's grid."
+        )
     return tuple(engines)
 
 
@@ -236,16 +285,28 @@ def parse_preprocess(text: str) -> tuple[str, ...]:
     names = split_list(text)
     unknown = [n for n in names if n not in PREPROCESS_BACKENDS]
     if unknown or not names:
-        raise ValueError(f"--preprocess takes backends from {', '.join(PREPROCESS_BACKENDS)}, got {text!r}.")
+        raise SettingsError(
+            "--preprocess",
+            text,
+            f"--preprocess takes backends from {', '.join(PREPROCESS_BACKENDS)}, got {text!r}.",
+            "Leave it out to try those this machine can run.",
+        )
     return tuple(dict.fromkeys(names))
 
 
 def parse_devices(text: str) -> tuple[str, ...]:
     names = split_list(text)
     if not names:
-        raise ValueError(f"--devices names no device: {text!r}.")
+        raise SettingsError(
+            "--devices", text, f"--devices names no device: {text!r}.", "Leave it out for the machine's own."
+        )
     for name in names:
         if name == "auto":
-            raise ValueError("--devices takes cpu, cuda (every GPU) or cuda:N; auto is not a point of the grid.")
+            raise SettingsError(
+                "--devices",
+                text,
+                "--devices takes cpu, cuda (every GPU) or cuda:N; auto is not a point of the grid.",
+                "Name the devices to compare (e.g. cuda:0,cuda), or leave it out.",
+            )
         check_device_flag(name)
     return tuple(dict.fromkeys(names))

@@ -165,7 +165,7 @@ class Classifier:
     def load(cls, settings: ServeSettings, device: str) -> Classifier:
         """Bind the device, load the model, make the preprocessor, warm up: ready to serve."""
         torch_device = torch.device(device)
-        bind_worker_device(torch_device)  # LitServe hands each worker its GPU as "cuda:N"
+        bind_worker_device(torch_device)  # the pool hands each worker its GPU as "cuda:N"
         set_worker_threads(torch_device, settings.engine_threads)
         served = load_served_model(settings, torch_device)
         preprocessor = make_preprocessor(settings, served, torch_device)

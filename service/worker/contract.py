@@ -1,5 +1,6 @@
 """What the inference worker's batching loop is given: the model it serves (``BatchedModel``) and how
-it forms batches (``BatchPolicy``). The loop's pieces (service/worker/loop.py) share these.
+it forms batches (``BatchPolicy``); and what the worker process runs once the model is loaded
+(``WorkerLoop``). The loop's pieces (service/worker/loop.py) share these.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ class BatchedModel(Protocol[Prepared]):
 
     # Optional: ``watch_other_workers(others_idle)``, called once by the loop with a function that says
     # whether every other worker is idle (the Classifier then runs a lone image on their cores too).
+
+
+class WorkerLoop(Protocol):
+    """What serves the loaded model in its worker process (service/worker/loop.py: ``GreedyBatchedLoop``)."""
+
+    def serve(self, model: BatchedModel, worker_id: int) -> None:
+        """Answer requests until the worker's version is retired (returns) or the process ends."""
+        ...
 
 
 @dataclass(frozen=True)

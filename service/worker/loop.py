@@ -1,6 +1,7 @@
 """The inference worker's loop: takes batches from its request channel, runs them, answers them.
 
-LitServe calls ``GreedyBatchedLoop`` in each worker process once the model is loaded; it serves
+Each worker process runs ``GreedyBatchedLoop.serve`` once the model is loaded (service/worker/
+process.py); it serves
 until the worker's version is retired and everything it was sent is answered. Its pieces:
 
 - service/worker/collector.py: ``BatchCollector`` takes a batch (greedy, then the optional
@@ -28,7 +29,6 @@ import threading
 from collections.abc import Callable, MutableSequence
 
 from preprocessing.errors import DeviceUnusable
-from service.litserve_bridge import WorkerLoop
 from service.transport.channels import ChannelConfig, WorkerChannel
 from service.worker.collector import BatchCollector
 from service.worker.contract import BatchedModel, BatchPolicy
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 EXIT_ANSWER_LINGER_MS = 2000
 
 
-class GreedyBatchedLoop(WorkerLoop):
+class GreedyBatchedLoop:
     """One worker's loop: opens its channel, serves from it with a ``BatchCollector`` and a
     ``BatchRunner`` (through a ``PipelinedRunner`` at pipeline depth 2 and more), and ends the
     process when the device broke.
@@ -58,7 +58,6 @@ class GreedyBatchedLoop(WorkerLoop):
         running: MutableSequence[int] | None = None,
         exit_process: Callable[[int], object] = os._exit,
     ) -> None:
-        super().__init__()
         self.channels = channels
         self.policy = policy
         self.running = running
@@ -81,7 +80,7 @@ class GreedyBatchedLoop(WorkerLoop):
                     if batch:
                         runner.run_batch(batch)
             # Its version was replaced or unloaded, and every request it got is answered: the process
-            # ends here (LitServe's worker returns), and the main process frees its slot.
+            # ends here (``run_worker`` returns), and the main process frees its slot.
             logger.info("Inference worker %d answered everything it was sent; exiting.", worker_id)
             channel.close(EXIT_ANSWER_LINGER_MS)
         except DeviceUnusable:
@@ -89,7 +88,7 @@ class GreedyBatchedLoop(WorkerLoop):
             for handler in logging.getLogger().handlers:
                 with contextlib.suppress(Exception):  # a closed or broken stream must not stop the exit
                     handler.flush()
-            # os._exit, not an exception up through LitServe: interpreter shutdown would run CUDA
+            # os._exit, not an exception up through run_worker: interpreter shutdown would run CUDA
             # teardown on the broken context, and the prepare thread may be inside a CUDA call.
             self.exit_process(EXIT_DEVICE_UNUSABLE)
         finally:

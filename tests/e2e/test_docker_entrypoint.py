@@ -163,6 +163,7 @@ def test_healthchecks_pass_against_the_live_server(first_start: ServerProcess) -
     assert run_healthcheck(dockerfile_healthcheck(), free_port()) == 1
 
 
+@pytest.mark.slow  # a second start, 20 s (the stop tests of test_e2e.py check SIGTERM in make test)
 def test_second_start_is_a_cache_hit_and_sigterm_leaves_no_process(
     first_start: ServerProcess, artifact: Path, launch: Callable[..., ServerProcess]
 ) -> None:

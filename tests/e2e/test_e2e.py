@@ -113,9 +113,14 @@ STOP_CASES = {
     "SIGTERM-to-main": (signal.SIGTERM, False),  # what an orchestrator sends
     "SIGINT-to-group": (signal.SIGINT, True),  # Ctrl-C in a terminal reaches every process of the group
 }
+# Both stop the same way; a second ResNet-152 start of 20 s is the slow tier's.
+STOP_MARKS = {"SIGINT-to-group": [pytest.mark.slow]}
 
 
-@pytest.mark.parametrize(("stop_signal", "to_group"), STOP_CASES.values(), ids=STOP_CASES.keys())
+@pytest.mark.parametrize(
+    ("stop_signal", "to_group"),
+    [pytest.param(*case, id=name, marks=STOP_MARKS.get(name, [])) for name, case in STOP_CASES.items()],
+)
 def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_files, stop_signal, to_group) -> None:
     # ResNet-152 (random weights: only speed matters) keeps 8 requests busy for about a second.
     args = ["--model", "resnet152", "--weights", "random", "--max-batch-size", "4", "--workers-per-device", "2"]
@@ -142,6 +147,24 @@ def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_
     assert code == 0, server.log_tail()
     psutil.wait_procs(children, timeout=10)  # the main process reaped them; the last may still be exiting
     assert not still_running(children)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{server.url}/health", timeout=2)
+
+
+def test_sigkill_of_the_main_process_leaves_no_process(tmp_path) -> None:
+    """Killed without a chance to stop its children, the main process still leaves none behind: each
+    ends itself once its parent is gone (service/parent_watch.py), the resource tracker with them."""
+    server = ServerProcess(["--model", "efficientnet-lite0"], log_path=tmp_path / "server.log").start()
+    try:
+        children = descendants_of(server.process.pid)
+        # HTTP server, inference worker, multiprocessing manager, resource tracker
+        assert len(children) >= 4, [c.cmdline() for c in children]
+        server.process.kill()
+        server.process.wait(timeout=10)
+        _gone, alive = psutil.wait_procs(children, timeout=15)
+    finally:
+        server.stop()
+    assert not still_running(alive), [" ".join(c.cmdline())[:120] for c in alive]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)
 

@@ -111,7 +111,7 @@ def server_errors_logged(log: ServerLog) -> list[str]:
 def images_answered_by_a_model(url: str) -> dict[str, float]:
     """``vision_serve_model_images_total`` by code: images a model version's workers answered. The
     HTTP process counts each answer a worker sends back; an image it refuses itself (its header
-    check, service/http/base/dispatch.py) never reaches a worker and is not counted here."""
+    check, service/http/pipeline/checks.py) never reaches a worker and is not counted here."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return {
         sample.labels["code"]: sample.value

@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import httpx
 import numpy as np
@@ -23,7 +24,7 @@ from service.client.launcher import ServerProcess
 from service.worker.loop import EXIT_DEVICE_UNUSABLE
 from tests.bad_inputs import bad_inputs
 from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
-from tests.worker_hold import in_flight, queue_depth, worker_held
+from tests.worker_hold import in_flight, queue_depth, wait_until, worker_held
 
 API_KEY = "test-key-0123456789"
 KEY = {"X-API-Key": API_KEY}
@@ -219,12 +220,18 @@ SLOW_BATCH = 32
 
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory):
-    """ResNet-152 on CPU (0.07-0.15 s per image, by machine): a batch of 32 runs for 2-5 s, well
-    past a 1 s deadline (a batch of 16 at 1.5 s stopped being slow enough on a faster machine)."""
-    args = [*RESNET, "--max-batch-size", str(SLOW_BATCH), "--batch-timeout-ms", "500",
+    """ResNet-152 on CPU with one thread (0.1-0.3 s per image, by machine): a batch of 32 runs for 3-10 s,
+    well past a 1 s deadline (a batch of 16 at 1.5 s stopped being slow enough on a faster machine).
+    One thread leaves a core to the HTTP process and the test, which watch the batch while it runs."""
+    args = [*RESNET, "--max-batch-size", str(SLOW_BATCH), "--batch-timeout-ms", "500", "--engine-threads", "1",
             "--request-timeout-s", str(SLOW_DEADLINE_S)]  # fmt: skip
     with server(tmp_path_factory, "slow", args) as running:
         yield running
+
+
+def all_admitted(url: str, futures: list[Future[httpx.Response]]) -> bool:
+    """Every request in flight at the server, or else answered already (504s if the deadline passed)."""
+    return in_flight(url) == len(futures) or all(future.done() for future in futures)
 
 
 def test_deadline_covers_work_already_running(slow_server, chelsea_jpeg) -> None:
@@ -235,13 +242,16 @@ def test_deadline_covers_work_already_running(slow_server, chelsea_jpeg) -> None
     for _ in range(3):  # again if the batch ended in the moment between seeing it run and stopping it
         wait_for_idle_worker(slow_server.url, chelsea_jpeg)  # also warms it up
         with ThreadPoolExecutor(SLOW_BATCH) as pool:
-            futures = [pool.submit(post, slow_server.url, chelsea_jpeg) for _ in range(SLOW_BATCH)]
-            # Running: admitted, and none left in the queue (the queue depth leaves out running batches).
-            # On a busy machine the window can pass unseen (all 32 answered 504 at the 1 s deadline):
-            # then every future is done, and the next round tries again instead of waiting for nothing.
-            while not (in_flight(slow_server.url) > 0 and queue_depth(slow_server.url) == 0):
-                if all(future.done() for future in futures):
-                    break
+            # Queued while the worker is stopped, so that it takes all of them as one batch the moment it
+            # resumes: polling for that moment while the model shares the cores could miss the window
+            # between the batch's start and the deadline on a busy 2-core machine.
+            with worker_held(worker.pid):
+                futures = [pool.submit(post, slow_server.url, chelsea_jpeg) for _ in range(SLOW_BATCH)]
+                wait_until(partial(all_admitted, slow_server.url, futures), "every request was admitted or answered")
+            # Running: none left in the queue (the queue depth leaves out running batches). Should the
+            # deadline pass first, every future is done and the next round tries again.
+            while queue_depth(slow_server.url) > 0 and not all(future.done() for future in futures):
+                pass
             with worker_held(worker.pid):
                 running = in_flight(slow_server.url)
                 answers = [future.result(timeout=120) for future in futures]  # all while the worker is stopped
@@ -354,6 +364,7 @@ def check_a_broken_device_restarts_the_worker(tmp_path, args: list[str], image: 
         assert running.stop() == 0
 
 
+@pytest.mark.slow  # two worker starts of ResNet-152 and a restart: half a minute
 def test_a_sticky_device_error_restarts_the_worker_and_serving_resumes_injected(tmp_path, chelsea_jpeg) -> None:
     """A GPU whose CUDA context broke (an illegal address: injected, tests/sticky_device_server.py)
     fails every later call: the worker answers its batch 503, exits, and a new one takes over."""

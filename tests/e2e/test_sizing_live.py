@@ -10,6 +10,7 @@ import os
 
 import httpx
 import psutil
+import pytest
 
 from service import _defaults
 from service.client.launcher import ServerProcess
@@ -24,6 +25,7 @@ def worker_processes(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
 
 
+@pytest.mark.slow  # two Lite0 workers loaded on top of the suite: tests/unit/test_sizing.py is the fast check
 def test_defaults_give_a_small_model_a_worker_per_core_and_say_why(tmp_path, chelsea_jpeg) -> None:
     environment = {k: v for k, v in os.environ.items() if k != WORKERS_ENV}
     cores = usable_cores()

@@ -232,14 +232,25 @@ def edited_copy(artifact, tmp_path, **changes) -> str:
     return str(copy)
 
 
+# Each case plans in a process of its own (5 s, torch imported): two in make test, the rest slow.
 @pytest.mark.parametrize(
     ("changes", "flags", "message"),
     [
         ({"versions": {"torch": "2.9.0"}}, [], "compiled with torch 2.9.0"),
-        ({"device_type": "cuda"}, ["--device", "cpu"], "compiled for cuda and the server runs on cpu"),
-        ({"backend": "tensorrt", "versions": {"torch": torch.__version__, "tensorrt": "10.9"}}, [], "tensorrt"),
-        ({"format_version": 99}, [], "format_version 99"),
-        ({"preprocess": {"crop": 1}}, [], "invalid preprocess"),
+        pytest.param(
+            {"device_type": "cuda"},
+            ["--device", "cpu"],
+            "compiled for cuda and the server runs on cpu",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"backend": "tensorrt", "versions": {"torch": torch.__version__, "tensorrt": "10.9"}},
+            [],
+            "tensorrt",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param({"format_version": 99}, [], "format_version 99", marks=pytest.mark.slow),
+        pytest.param({"preprocess": {"crop": 1}}, [], "invalid preprocess", marks=pytest.mark.slow),
         ({"engine_file": "../../model.pt2"}, [], "must be a file name inside the artifact"),
     ],
 )

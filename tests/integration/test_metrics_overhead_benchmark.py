@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 
+
+@pytest.mark.slow  # two servers started by the benchmark
 def test_metrics_overhead_benchmark_measures_and_saves(tmp_path, capsys) -> None:
     from benchmarks import metrics_overhead
 

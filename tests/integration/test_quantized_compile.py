@@ -109,6 +109,7 @@ def assert_serves_the_cat(output, engine: str, tmp_path, chelsea_jpeg, coffee_jp
     assert cat.engine == info["engine"] == engine
 
 
+@pytest.mark.slow  # the onnx_int8 fixture: a calibrated compile of about a minute
 def test_onnx_int8_is_an_explicit_symmetric_qdq_graph_gated_and_recorded(onnx_int8, calibration) -> None:
     onnx = pytest.importorskip("onnx")
     config = assert_gated_and_recorded(onnx_int8, calibration, "onnx", "percentile", ONNX_INT8_GATE)
@@ -129,10 +130,12 @@ def test_onnx_int8_is_an_explicit_symmetric_qdq_graph_gated_and_recorded(onnx_in
     assert not any(z.any() for z in zero_points.values())
 
 
+@pytest.mark.slow  # the onnx_int8 fixture: a calibrated compile of about a minute
 def test_onnx_int8_serves_the_held_photos_right(onnx_int8, tmp_path, chelsea_jpeg, coffee_jpeg) -> None:
     assert_serves_the_cat(onnx_int8, "onnxruntime-int8", tmp_path, chelsea_jpeg, coffee_jpeg)
 
 
+@pytest.mark.slow  # the onnx_int8 fixture: a calibrated compile of about a minute
 def test_the_same_calibration_is_a_cache_hit_and_another_one_is_not(onnx_int8, calibration) -> None:
     """The calibration set is part of the engine's cache key: a compile calibrated on another set must
     build another engine, not be handed the one in the folder. The key is rebuilt from the plans with

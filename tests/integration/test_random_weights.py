@@ -10,7 +10,7 @@ from compile.catalog import get_model_entry
 from compile.weights import load_model
 
 
-@pytest.mark.parametrize("name", ["resnet152", "resnet18"])
+@pytest.mark.parametrize("name", [pytest.param("resnet152", marks=pytest.mark.slow), "resnet18"])
 def test_random_resnet_logits_fit_in_fp16(name: str) -> None:
     """Random weights are for speed tests, and those run in fp16 on a GPU: the fp16 model must give
     finite logits that agree with fp32 (a random ResNet-152 at PyTorch's default init overflowed

@@ -330,12 +330,10 @@ def server_routes() -> set[str]:
 
     from service.http.process import HttpFrontEnd
     from service.http.routes import register_routes
-    from service.model_info import ModelInfo
     from service.settings import ServeSettings
     from service.transport.channels import ChannelConfig
 
-    model = ModelInfo("m", "w", "e", "pil", "", {}, "", "cpu", 8, 0.0)
-    frontend = HttpFrontEnd(ServeSettings(), model, ChannelConfig("unused", 1), dict, [0], "test")
+    frontend = HttpFrontEnd(ServeSettings(), ChannelConfig("unused", 1), [0], [0], "test")
     app = FastAPI()
     register_routes(app, frontend, "/predict", {})
     return {route.path for route in app.routes}

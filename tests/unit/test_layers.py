@@ -26,6 +26,7 @@ SERVICE_LAYERS: list[tuple[str, ...]] = [
         "service.errors",
         "service.logs",
         "service.heap",
+        "service.parent_watch",
         "service.model_info",
         "service.wire",
         "service.metrics",
@@ -48,14 +49,18 @@ SERVICE_LAYERS: list[tuple[str, ...]] = [
     ("service.cli", "service.litserve_api", "service.demo"),
     # vision-tune, a process of its own that starts compile-trt and servers: nothing of the server imports it
     ("service.tune",),
+    # hooks for benchmarks/ (tests/unit/test_benchmark_surface.py): nothing of the product imports them
+    ("service.testing",),
 ]
 # The client runs in the caller's process: it imports nothing of the server.
 CLIENT = "service.client"
 
 COMPILE_LAYERS: list[tuple[str, ...]] = [
-    # leaves: defaults, logs, the machine, the libraries' versions, where engines are unpacked
+    # leaves: defaults, the refusal of a setting, logs, the machine, the libraries' versions, where
+    # engines are unpacked
     (
         "compile._defaults",
+        "compile.settings_errors",
         "compile.versions",
         "compile.devices",
         "compile.libstdcxx",

@@ -1,8 +1,9 @@
 """One contract test per LitServe internal that service/litserve_bridge.py uses.
 
 If a LitServe upgrade moves one of them, the test named for it fails here, instead of a request
-path failing somewhere else. The behavioural tests run LitServe's own code (its worker entry
-point, its in-process start helper) with a trivial LitAPI; no model is loaded.
+path failing somewhere else. The behavioural test runs LitServe's own in-process start helper with a
+trivial LitAPI and a worker process of the subclass's own; no model is loaded. (The inference workers
+are vision-serve's own since issue 54: tests/unit/test_worker_process.py.)
 """
 
 from __future__ import annotations
@@ -11,39 +12,23 @@ import asyncio
 import contextlib
 import inspect
 import multiprocessing
-import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
+from multiprocessing.process import BaseProcess
 
 import httpx
 import litserve as ls
 import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
-from litserve.callbacks.base import CallbackRunner
-from litserve.loops.loops import inference_worker
 from litserve.utils import wrap_litserve_start
 
 from service import litserve_bridge
-from service.litserve_bridge import READY, STARTING, LitServerBridge, WorkerLoop, worker_id_of
+from service.litserve_bridge import LitServerBridge
 
 
 def parameters(function: object) -> list[str]:
     return [name for name in inspect.signature(function).parameters if name != "self"]
-
-
-class RecordingLoop(WorkerLoop):
-    """Writes what it was called with into a file, then returns (the worker then exits)."""
-
-    def __init__(self, record: str) -> None:
-        super().__init__()
-        self.record = record
-
-    def serve(self, model: object, worker_id: int) -> None:
-        Path(self.record).write_text(f"{worker_id} {os.getpid()} {model}")
-        while True:  # like a real loop: runs until the process is stopped
-            time.sleep(0.05)
 
 
 class TrivialAPI(ls.LitAPI):
@@ -55,10 +40,25 @@ class TrivialAPI(ls.LitAPI):
 
 
 class TrivialServer(LitServerBridge):
+    """Records the hooks LitServe calls; its one "worker" is a process that sleeps."""
+
     def __init__(self, api: ls.LitAPI, **kwargs: object) -> None:
         self.routes: list[str] = []
         self.http_processes: list[int] = []
+        self.calls: list[str] = []
         super().__init__(api, **kwargs)
+
+    def launch_workers(self) -> list[BaseProcess]:
+        self.calls.append("launch_workers")
+        process = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+        process.start()
+        return [process]
+
+    def wait_for_first_worker(self) -> None:
+        self.calls.append("wait_for_first_worker")
+
+    def before_http_processes(self) -> None:
+        self.calls.append("before_http_processes")
 
     def register_routes(self, app: FastAPI, api_path: str) -> None:
         self.routes.append(api_path)
@@ -77,49 +77,6 @@ def test_version_is_the_one_the_bridge_was_checked_against() -> None:
     assert ls.__version__ == litserve_bridge.SUPPORTED_LITSERVE
 
 
-def test_worker_states_are_the_strings_workers_write() -> None:
-    assert (STARTING, READY) == ("starting", "ready")
-    assert litserve_bridge.ERROR == "error"
-
-
-def test_setup_status_keys_name_endpoint_and_worker_id() -> None:
-    assert worker_id_of("predict_0") == 0 and worker_id_of("my_api_12") == 12
-    source = inspect.getsource(ls.LitServer.launch_single_inference_worker)
-    assert 'f"{endpoint}_{worker_id}"' in source and "WorkerSetupStatus.STARTING" in source
-
-
-def test_inference_worker_marks_ready_then_calls_the_loop_with_the_worker_id(tmp_path: Path) -> None:
-    # LitServe's own worker entry point, in a process of its own as LitServe runs it.
-    record = tmp_path / "record"
-    api = TrivialAPI()
-    api.loop = RecordingLoop(str(record))
-    status = multiprocessing.Manager().dict({"predict_3": STARTING})  # as launch_single_inference_worker leaves it
-    args = (api, "cpu", 3, None, None, status, CallbackRunner(), True)
-    assert parameters(inference_worker) == [
-        "lit_api",
-        "device",
-        "worker_id",
-        "request_queue",
-        "transport",
-        "workers_setup_status",
-        "callback_runner",
-        "restart_workers",
-    ]
-    process = multiprocessing.get_context("spawn").Process(target=inference_worker, args=args)
-    process.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not record.exists():
-            assert process.is_alive() and time.monotonic() < deadline
-            time.sleep(0.05)
-        worker_id, pid, model = record.read_text().split()
-        assert (int(worker_id), int(pid), model) == (3, process.pid, "model-on-cpu")
-        assert dict(status) == {"predict_3": READY}, "READY must be written before the loop runs"
-    finally:
-        process.kill()
-        process.join()
-
-
 def test_hook_signatures_are_the_ones_the_bridge_overrides() -> None:
     server = ls.LitServer
     assert parameters(server._init_manager) == ["num_api_servers"]
@@ -128,9 +85,26 @@ def test_hook_signatures_are_the_ones_the_bridge_overrides() -> None:
     assert parameters(server._register_api_endpoints) == ["lit_api", "request_type", "response_type"]
     assert parameters(server.lifespan) == ["app"]
     assert parameters(server._start_worker_monitoring) == ["manager", "uvicorn_workers"]
-    assert parameters(server._inference_workers_config_for_api) == ["api_path"]
-    assert parameters(server.launch_single_inference_worker) == ["lit_api", "worker_id"]
+    assert parameters(server.launch_inference_worker) == ["lit_api"]
     assert "num_api_servers" in parameters(server.run)
+
+
+def test_init_manager_does_what_the_bridge_copies_of_it() -> None:
+    """The bridge makes the manager itself (so that it ends with the main process): the same steps."""
+    source = inspect.getsource(ls.LitServer._init_manager)
+    for step in (
+        "manager = mp.Manager()",
+        "self.transport_config.manager = manager",
+        "self.transport_config.num_consumers = num_api_servers",
+        "self.workers_setup_status = manager.dict()",
+        "self._shutdown_event = manager.Event()",
+        "self.litapi_request_queues[lit_api.api_path] = manager.Queue()",
+        "self.logger_queue = manager.Queue()",
+        "self._logger_connector.run(self)",
+        "self._transport = create_transport_from_config(self.transport_config)",
+    ):
+        assert step in source, step
+    assert source.count("\n        ") <= 14, "LitServe's _init_manager grew: compare it with the bridge's"
 
 
 def test_run_numbers_each_http_process_in_app_response_queue_id() -> None:
@@ -150,13 +124,13 @@ def test_graceful_shutdown_stops_uvicorn_before_the_workers() -> None:
     assert source.index("uvicorn_workers") < source.index("self.inference_workers")
 
 
-def test_in_process_start_runs_the_hooks_and_reports_worker_states(tmp_path: Path) -> None:
-    record = tmp_path / "record"
-    api = TrivialAPI()
-    api.loop = RecordingLoop(str(record))
-    server = TrivialServer(api, accelerator="cpu", workers_per_device=1)
+def test_in_process_start_runs_the_hooks_and_launches_our_workers() -> None:
+    server = TrivialServer(TrivialAPI(), accelerator="cpu", workers_per_device=1)
     assert server.routes == ["/predict"], "register_routes replaces every LitServe route"
-    assert server.device_slots(1) == ["cpu"]
+    assert server.device_slots(2) == ["cpu", "cpu"]
+    server.verify_worker_status()  # what LitServer.run calls after launching: the subclass's wait
+    assert server.calls == ["wait_for_first_worker"]
+    server.calls.clear()
 
     async def requests() -> list[int]:
         async with LifespanManager(server.app) as manager:
@@ -166,33 +140,17 @@ def test_in_process_start_runs_the_hooks_and_reports_worker_states(tmp_path: Pat
         return codes
 
     with wrap_litserve_start(server):
-        deadline = time.monotonic() + 60
-        while server.worker_states() != {0: READY}:
-            assert time.monotonic() < deadline, server.worker_states()
-            time.sleep(0.05)
+        assert server.calls == ["before_http_processes", "launch_workers"]
+        assert len(server.inference_workers) == 1 and server.inference_workers[0].is_alive()
         assert asyncio.run(requests()) == [200, 404], "LitServe's own /health must be gone"
         assert server.http_processes == [0]
-
-        # A worker of our own, with an id and a LitAPI of our choice (a model loaded later).
-        old = server.inference_workers[0]
-        old.kill()
-        old.join()
-        other = TrivialAPI()
-        other.loop = RecordingLoop(str(record))
-        spawned = server.spawn_worker(other, 7, "cpu")
-        assert server.worker_states()[7] == STARTING
-        while server.worker_states().get(7) != READY:
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.05)
-        server.set_worker_state(0, None)
-        assert server.worker_states() == {7: READY}
-        server.inference_workers.append(spawned)
 
         started = []
         server.request_stop(lambda target: (started.append(target), target()))
         assert started and server._shutdown_event.is_set()
         server.request_stop(started.append)
         assert len(started) == 1, "a second stop request does nothing"
+    assert not server.inference_workers[0].is_alive(), "LitServe stops the workers launch_workers returned"
 
 
 def test_import_refuses_another_litserve_version() -> None:

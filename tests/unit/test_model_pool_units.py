@@ -1,12 +1,13 @@
 """The model pool's load and unload with fake workers and fake HTTP processes, in well under a second.
 
-The real pieces (``WorkerSet``, ``TablePublisher``, ``RepositoryOperations``, the table file) run
-as they do in the main process; LitServe's worker start, the planner child and the HTTP processes
-are fakes with a schedule. The HTTP processes follow the table file with a lag each, as their
-worker watches do (service/http/base/worker_watch.py), and a draining worker exits only once every
-one of them has told it that it sends nothing more. So a load that does not wait for every HTTP
-process, an unload that returns before the old workers are gone, or a table published while a new
-worker still loads, each fail here; tests/e2e/test_model_repository.py checks the same on a real server.
+The real pieces (``WorkerSet``, ``WorkerStates``, ``TablePublisher``, ``RepositoryOperations``, the
+table file) run as they do in the main process; the worker processes (which report over the control
+channel), the planner child and the HTTP processes are fakes with a schedule. The HTTP processes
+follow the table file with a lag each, as their worker watches do (service/http/base/worker_watch.py),
+and a draining worker exits only once every one of them has told it that it sends nothing more. So a
+load that does not wait for every HTTP process, an unload that returns before the old workers are
+gone, or a table published while a new worker still loads, each fail here;
+tests/e2e/test_model_repository.py checks the same on a real server.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from service.litserve_bridge import ERROR, READY, STARTING
 from service.model_info import ModelInfo
 from service.repository.table import RoutingTable, TableFile
 from service.settings import ServeSettings
@@ -28,9 +28,10 @@ from service.supervisor.planning.layout import server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 from service.supervisor.pool import workers as workers_module
 from service.supervisor.pool.repository_operations import LoadFailed, RepositoryOperations
+from service.supervisor.pool.states import WorkerStates
 from service.supervisor.pool.table_publisher import TablePublisher
 from service.supervisor.pool.workers import WorkerHooks, WorkerSet
-from service.worker.entry import setup_error_path
+from service.transport.control_channel import ERROR, READY, WorkerReport
 
 # The HTTP processes' lags: one quick, one slow (a GC pause, a busy event loop).
 ACK_LAGS_S = (0.01, 0.08)
@@ -71,12 +72,12 @@ def later(delay_s: float, action) -> None:
 
 @dataclass
 class FakeLitServe:
-    """The server's worker hooks: each version's workers get ready after their scheduled delay, or
-    fail their setup ("error"), in spawn order."""
+    """The server's worker hooks: each version's workers report ready after their scheduled delay,
+    or that their setup failed ("error"), in spawn order, as real ones do over the control channel."""
 
     directory: Path
     schedule: dict[int, list[float | str]]  # version -> per worker: seconds to READY, or "error"
-    states: dict[int, str] = field(default_factory=dict)
+    states: WorkerStates = field(default_factory=WorkerStates)
     processes: dict[int, FakeProcess] = field(default_factory=dict)
     spawned: dict[int, int] = field(default_factory=dict)  # version -> workers spawned so far
 
@@ -85,34 +86,21 @@ class FakeLitServe:
         self.spawned[plan.version] = index + 1
         outcome = self.schedule[plan.version][index]
         process = self.processes[worker_id] = FakeProcess(pid=1000 + worker_id)
-        self.states[worker_id] = STARTING
+        ready = WorkerReport(worker_id, READY)
         if outcome == "error":
             later(0.01, lambda: self.fail(worker_id, process))
         elif outcome == 0:
-            self.states[worker_id] = READY
+            self.states.take_report(ready)
         else:
-            later(outcome, lambda: self.states.__setitem__(worker_id, READY))
+            later(outcome, lambda: self.states.take_report(ready))
         return process
 
     def fail(self, worker_id: int, process: FakeProcess) -> None:
-        setup_error_path(str(self.directory), worker_id).write_text("RuntimeError: CUDA out of memory")
-        self.states[worker_id] = ERROR
+        self.states.take_report(WorkerReport(worker_id, ERROR, "RuntimeError: CUDA out of memory"))
         process.exit(1)
 
-    def set_state(self, worker_id: int, state: str | None) -> None:
-        if state is None:
-            self.states.pop(worker_id, None)
-        else:
-            self.states[worker_id] = state
-
     def hooks(self) -> WorkerHooks:
-        return WorkerHooks(
-            spawn=self.spawn,
-            states=lambda: dict(self.states),
-            set_state=self.set_state,
-            make_entry=lambda plan: plan,
-            device_slots=lambda count: ["cpu"] * count,
-        )
+        return WorkerHooks(spawn=self.spawn, make_entry=lambda plan: plan, device_slots=lambda count: ["cpu"] * count)
 
 
 class FakeHttpProcesses:
@@ -186,8 +174,8 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pool]:
     litserve = FakeLitServe(channels, {1: [0, 0], 2: [0.01, 0.06]})
     http = FakeHttpProcesses(channels, litserve)
     stopping = threading.Event()
-    worker_set = WorkerSet(settings, str(channels), litserve.hooks(), stopping)
-    publisher = TablePublisher(str(channels), http.acks, worker_set.routes, "", stopping)
+    worker_set = WorkerSet(settings, litserve.states, litserve.hooks(), stopping)
+    publisher = TablePublisher(str(channels), http.acks, worker_set.routes, litserve.states.snapshot, "", stopping)
     operations = RepositoryOperations(
         settings, None, worker_set, publisher, plan=lambda settings, load: FakePlanning([version_plan(2)])
     )
@@ -196,7 +184,7 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pool]:
     write = publisher.table_file.write
 
     def checked_write(table: RoutingTable) -> None:
-        states = dict(litserve.states)
+        states = table.worker_states  # what the HTTP processes see with the routes
         pool.unready_routes += [f"{r.version}:{w}" for r in table.routes() for w in r.workers if states.get(w) != READY]
         pool.published.append(table)
         write(table)
@@ -233,7 +221,7 @@ def test_the_old_workers_drain_after_a_load_and_are_forgotten(pool: Pool) -> Non
         time.sleep(0.005)
     assert not any(process.is_alive() for process in old)
     assert all(process.exitcode == 0 for process in old)  # each exited once told, none was stopped
-    assert pool.table().draining == () and 0 not in pool.litserve.states
+    assert pool.table().draining == () and 0 not in pool.litserve.states.snapshot()
 
 
 def test_an_unload_returns_only_once_the_old_workers_are_gone(pool: Pool) -> None:
@@ -268,7 +256,7 @@ def test_a_failing_load_keeps_the_old_version_serving(pool: Pool) -> None:
     assert list(table.models["pets"]) == [1] and table.models["pets"][1].workers == (0, 1)
     assert pool.litserve.processes[0].is_alive() and pool.litserve.processes[1].is_alive()
     assert not pool.litserve.processes[2].is_alive() and not pool.litserve.processes[3].is_alive()
-    assert 2 not in pool.litserve.states and not setup_error_path(str(pool.litserve.directory), 3).exists()
+    assert 2 not in pool.litserve.states.snapshot() and pool.litserve.states.detail(3) == "", "forgotten when stopped"
     assert [e["version"] for e in pool.operations.index()] == ["1"]
 
 

@@ -184,22 +184,23 @@ class RecordingChannel:
 
 def test_the_watch_follows_each_table_retires_drops_and_acknowledges(tmp_path) -> None:
     from service.http.base.worker_watch import WorkerWatch
-    from service.litserve_bridge import READY, STARTING
+    from service.transport.control_channel import READY, STARTING
 
-    states = {0: READY, 1: STARTING}
     channel, acks, published = RecordingChannel(), [-1, -1], TableFile(tmp_path)
-    watch = WorkerWatch(lambda: dict(states), channel, table_file=TableFile(tmp_path), acks=acks)
-    published.write(RoutingTable(1, {"pets": {1: route("pets", 1, (0,))}}, (), "pets"))
+    watch = WorkerWatch(channel, TableFile(tmp_path), acks=acks)
+    states = {0: READY, 1: STARTING}
+    published.write(RoutingTable(1, {"pets": {1: route("pets", 1, (0,))}}, (), "pets", states))
     watch.refresh()
     # Worker 1 loads version 2 beside version 1: the server stays ready, and version 2 gets nothing yet.
     assert watch.ready and acks == [-1, 1] and watch.ready_in(watch.table.resolve("pets")) == [0]
-    states[1] = READY
-    published.write(RoutingTable(2, {"pets": {2: route("pets", 2, (1,))}}, (0,), "pets"))
+    states = {0: READY, 1: READY}
+    published.write(RoutingTable(2, {"pets": {2: route("pets", 2, (1,))}}, (0,), "pets", states))
     watch.refresh()
     assert watch.table.resolve("pets").version == 2 and channel.retired == [0] and acks == [-1, 2]
-    published.write(RoutingTable(3, {"pets": {2: route("pets", 2, (1,))}}, (), "pets"))  # 0 exited
+    published.write(RoutingTable(3, {"pets": {2: route("pets", 2, (1,))}}, (), "pets", {1: READY}))  # 0 exited
     watch.refresh()
     assert channel.dropped == [0] and acks[1] == 3
-    states[1] = STARTING  # a serving worker restarting: not ready until it is back
+    # A serving worker restarting: the main process publishes its state; not ready until it is back.
+    published.write(RoutingTable(4, {"pets": {2: route("pets", 2, (1,))}}, (), "pets", {1: STARTING}))
     watch.refresh()
-    assert not watch.ready
+    assert not watch.ready and acks[1] == 4

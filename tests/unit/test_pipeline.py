@@ -24,12 +24,12 @@ from service.http.cache import ResponseCache
 from service.http.pipeline.ask import Ask, Outcome
 from service.http.pipeline.pipeline import RequestPipeline
 from service.http.pipeline.submit import CLIENT_LEFT
-from service.litserve_bridge import READY
 from service.metrics import metrics
 from service.model_info import ModelInfo
-from service.repository.table import RoutingTable, VersionRoute
+from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.request_scope import Departure
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
+from service.transport.control_channel import READY
 from service.wire import AbandonedRequests, Answer, ImageRequest, RequestBatch
 from service.worker.collector import BatchCollector
 from service.worker.contract import BatchPolicy
@@ -42,11 +42,15 @@ def route_of(version: int, workers: tuple[int, ...]) -> VersionRoute:
     return VersionRoute("lite", version, workers, info)
 
 
-def table_of(*routes: VersionRoute, generation: int = 1, draining: tuple[int, ...] = ()) -> RoutingTable:
+def table_of(
+    *routes: VersionRoute, generation: int = 1, draining: tuple[int, ...] = (), ready: tuple[int, ...] = ()
+) -> RoutingTable:
+    """``ready``: the workers whose state the table says is READY."""
     models: dict = {}
     for route in routes:
         models.setdefault(route.name, {})[route.version] = route
-    return RoutingTable(generation, models, draining, default_model="lite")
+    states = dict.fromkeys(ready, READY)
+    return RoutingTable(generation, models, draining, default_model="lite", worker_states=states)
 
 
 def image(tag: int) -> bytes:
@@ -81,9 +85,10 @@ def pipeline_with(
 ) -> tuple[RequestPipeline, ApiChannel, list[WorkerChannel]]:
     config = ChannelConfig(str(tmp_path), api_servers=1)
     channel = ApiChannel(config, 0)
-    watch = WorkerWatch(lambda: dict.fromkeys(range(workers), READY), channel)
+    serving = tuple(range(workers))
+    TableFile(tmp_path).write(table_of(route_of(1, serving), ready=serving))
+    watch = WorkerWatch(channel, TableFile(tmp_path))
     watch.refresh()
-    watch.follow_table(table_of(route_of(1, tuple(range(workers)))))
     pipeline = RequestPipeline(RequestLimits(), AdmissionGate(limit), timeout_s=30.0)
     pipeline.attach(channel, watch, cache)
     return pipeline, channel, [WorkerChannel(config, worker_id) for worker_id in range(workers)]

@@ -8,6 +8,7 @@ of one worker among several).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import multiprocessing
 import threading
@@ -22,11 +23,14 @@ from service.http.base.admission import AdmissionGate
 from service.http.base.auth import ApiKeyAuth
 from service.http.base.worker_watch import WorkerWatch
 from service.http.predict.render import handle_service_error
-from service.litserve_bridge import ERROR, READY, STARTING
+from service.model_info import ModelInfo
+from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.settings import ServeSettings
 from service.supervisor.pool.restarts import WorkerRestarter
+from service.supervisor.pool.states import WorkerStates
 from service.supervisor.pool.workers import ServedVersion, Worker, WorkerHooks, WorkerSet
 from service.transport.channels import ApiChannel, ChannelConfig
+from service.transport.control_channel import ERROR, READY, STARTING, WorkerReport
 from service.wire import ImageRequest
 
 
@@ -103,39 +107,53 @@ def test_empty_api_key_is_refused() -> None:
         ApiKeyAuth("")
 
 
+def publish(directory: Path, generation: int, states: dict[int, str]) -> None:
+    """A routing table with these worker states, as the main process publishes one at each change."""
+    TableFile(directory).write(RoutingTable(generation, worker_states=dict(states)))
+
+
 def test_watch_fails_only_the_dead_workers_requests(tmp_path: Path) -> None:
     async def scenario() -> None:
         channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
-        states = {0: READY, 1: READY}
-        watch = WorkerWatch(lambda: dict(states), channel)
+        publish(tmp_path, 1, {0: READY, 1: READY})
+        watch = WorkerWatch(channel, TableFile(tmp_path))
         watch.refresh()
-        assert watch.ready and watch.ready_workers == [0, 1]
+        assert watch.ready_workers == [0, 1]
         held_by_0 = channel.submit(0, 1, ImageRequest(b"jpeg"))
         held_by_1 = channel.submit(1, 2, ImageRequest(b"jpeg"))
-        states[0] = STARTING  # the monitor restarts worker 0 after it died
+        publish(tmp_path, 2, {0: STARTING, 1: READY})  # the monitor restarts worker 0 after it died
         watch.refresh()
-        assert not watch.ready and watch.ready_workers == [1]
+        assert watch.ready_workers == [1]
         answer = held_by_0.result()
         assert answer.status_code == 503 and answer.retry_after_s == 1
         assert not held_by_1.done()  # worker 1 is fine
         # Sent to worker 0 by a request that picked it just before this process saw the state.
         late = channel.submit(0, "late", ImageRequest(b"jpeg"))
-        watch.refresh()
+        watch.refresh()  # the same table: failed again at the next poll
         assert late.result().status_code == 503
-        states[0] = READY
+        publish(tmp_path, 3, {0: READY, 1: READY})
         watch.refresh()
-        assert watch.ready and watch.named_states() == {"worker_0": READY, "worker_1": READY}
+        assert watch.ready_workers == [0, 1] and watch.named_states() == {"worker_0": READY, "worker_1": READY}
         channel.close()
 
     asyncio.run(scenario())
 
 
-def test_watch_is_not_ready_before_any_worker_reports(tmp_path: Path) -> None:
+def test_watch_is_ready_only_when_every_served_worker_is(tmp_path: Path) -> None:
     async def scenario() -> None:
         channel = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
-        watch = WorkerWatch(dict, channel)
-        watch.refresh()
+        watch = WorkerWatch(channel, TableFile(tmp_path))
+        watch.refresh()  # no table published yet
         assert not watch.ready and watch.ready_workers == []
+        model = ModelInfo("pets", "w", "engine", "pil", "", {}, "", "cpu", 8, 0.0)
+        route = VersionRoute("pets", 1, (0, 1), model)
+        table = RoutingTable(1, {"pets": {1: route}}, worker_states={0: READY, 1: STARTING})
+        TableFile(tmp_path).write(table)
+        watch.refresh()
+        assert not watch.ready and watch.ready_in(route) == [0]
+        TableFile(tmp_path).write(dataclasses.replace(table, generation=2, worker_states={0: READY, 1: READY}))
+        watch.refresh()
+        assert watch.ready and watch.ready_in(route) == [0, 1]
         channel.close()
 
     asyncio.run(scenario())
@@ -153,14 +171,11 @@ class FakeProcess:
 
 def pool_serving(processes: list, states: dict, spawn) -> WorkerRestarter:
     """A restarter watching one served version whose workers are ``processes`` (ids 0, 1, ...)."""
-    hooks = WorkerHooks(
-        spawn=spawn,
-        states=lambda: dict(states),
-        set_state=lambda worker_id, state: states.__setitem__(worker_id, state),
-        make_entry=lambda plan: None,
-        device_slots=lambda count: ["cpu"] * count,
-    )
-    worker_set = WorkerSet(ServeSettings(), "unused", hooks, threading.Event())
+    hooks = WorkerHooks(spawn=spawn, make_entry=lambda plan: None, device_slots=lambda count: ["cpu"] * count)
+    worker_states = WorkerStates()
+    for worker_id, state in states.items():
+        worker_states.set(worker_id, state)
+    worker_set = WorkerSet(ServeSettings(), worker_states, hooks, threading.Event())
     workers = [Worker(i, "m", 1, "cpu", process, None) for i, process in enumerate(processes)]
     worker_set.served = {"m": {1: ServedVersion(plan=None, workers=workers)}}
     return WorkerRestarter(worker_set, hooks, on_unrecoverable=lambda message: None)
@@ -175,15 +190,16 @@ def watch(pool: WorkerRestarter, stopped: list, rounds: list | None = None) -> N
 
 
 def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
-    status = {0: READY, 1: READY}
     relaunched, stopped = [], []
 
     def spawn(entry, worker_id: int, device) -> FakeProcess:
         relaunched.append(worker_id)
-        status[worker_id] = ERROR  # the new worker's setup fails (say, the GPU is gone)
+        assert pool.workers.states.get(worker_id) == STARTING, "restarted workers start over"
+        # The new worker's setup fails (say, the GPU is gone): it reports so, and exits.
+        pool.workers.states.take_report(WorkerReport(worker_id, ERROR, "RuntimeError: no GPU"))
         return FakeProcess(alive=False, pid=3)
 
-    pool = pool_serving([FakeProcess(), FakeProcess(alive=False, pid=2)], status, spawn)
+    pool = pool_serving([FakeProcess(), FakeProcess(alive=False, pid=2)], {0: READY, 1: READY}, spawn)
     watch(pool, stopped)
     assert relaunched == [1]  # restarted once, not in a loop
     assert pool.workers.served["m"][1].workers[1].process.pid == 3

@@ -74,7 +74,6 @@ def frontend(tmp_path):
     front = HttpFrontEnd(
         settings=settings,
         channels=ChannelConfig(directory=str(tmp_path), api_servers=1),
-        read_worker_states=dict,
         running_batches=[0],
         table_acks=[0],
         server_version="test",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compile import _defaults as compile_defaults
-from compile.settings import CALIBRATION_NEEDED
+from compile.settings import CALIBRATION_ADVICE, CALIBRATION_NEEDED
 from service.tune import _defaults
 from service.tune.cli import build_parser, main, settings_from_args
 from service.tune.engines import compile_arguments
@@ -14,7 +14,8 @@ from service.tune.settings import TuneSettings
 
 CPU = Machine("cpu", 0, 2, True, "test CPU")
 GPU = Machine("cuda", 1, 16, False, "test GPU")
-NEEDED_TAIL = CALIBRATION_NEEDED.format(precision="int8").removeprefix("--precision int8 ")
+# compile-trt's words, then their fix (a SettingsError's message and fix: one sentence as before).
+NEEDED_TAIL = CALIBRATION_NEEDED.format(precision="int8").removeprefix("--precision int8 ") + " " + CALIBRATION_ADVICE
 
 
 def settings(**values) -> TuneSettings:

@@ -1,27 +1,26 @@
 """Inference-worker health as an HTTP process sees it (the main process restarts dead workers:
 service/supervisor/pool/).
 
-``WorkerWatch`` keeps a fresh copy of the workers' setup states and of the routing table (which
-workers serve which model version: service/repository/table.py), for ``/ready`` and to send work
-only to ready workers of the version asked for. On every poll it answers with 503 the unanswered
-requests this process sent to any worker that is not ready (it died and is being restarted), sends
-the final message to workers whose version was retired, and records the table generation it
-follows, which a load call waits for. The HTTP process picks the
-worker of every request (service/transport/channels.py), so it knows exactly which requests a dead
-worker held. (A restart faster than a poll, which takes seconds of model loading, would be missed;
-the deadline still answers those requests.)
+``WorkerWatch`` keeps a fresh copy of the routing table the main process publishes (which workers
+serve which model version, and each worker's state: service/repository/table.py), for ``/ready`` and
+to send work only to ready workers of the version asked for. At each new table it answers with 503
+the unanswered requests this process sent to any worker that is not ready (it died and is being
+restarted), sends the final message to workers whose version was retired, and records the table
+generation it follows, which a load call waits for. The HTTP process picks the worker of every
+request (service/transport/channels.py), so it knows exactly which requests a dead worker held.
+Looking for a new table costs one ``stat`` per poll: no round trip to another process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, MutableSequence
+from collections.abc import MutableSequence
 
 from service.errors import Unavailable
-from service.litserve_bridge import READY
 from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.transport.channels import ApiChannel
+from service.transport.control_channel import READY
 from service.wire import Answer, answer_for
 
 logger = logging.getLogger(__name__)
@@ -45,15 +44,13 @@ def worker_name(worker_id: int) -> str:
 class WorkerWatch:
     def __init__(
         self,
-        read_states: Callable[[], dict[int, str]],
         channel: ApiChannel,
+        table_file: TableFile,
         poll_interval_s: float = POLL_INTERVAL_S,
-        table_file: TableFile | None = None,
         acks: MutableSequence[int] | None = None,
     ) -> None:
-        """``table_file``: the published routing table; ``acks``: per HTTP process, the generation it
-        follows (this one writes its own)."""
-        self._read_states = read_states  # worker id -> setup state, written by the workers
+        """``table_file``: the routing table the main process publishes; ``acks``: per HTTP process,
+        the generation it follows (this one writes its own)."""
         self._channel = channel
         self._table_file = table_file
         self._acks = acks
@@ -68,7 +65,7 @@ class WorkerWatch:
         """Some model version is served, and every worker of every served version has loaded its
         model and finished warm-up (versions being loaded beside them do not count: the old ones
         serve meanwhile)."""
-        serving = self.table.serving_workers() if self._table_file is not None else set(self.states)
+        serving = self.table.serving_workers()
         # Nothing served (every model unloaded): no inference can succeed, so not ready.
         return bool(serving) and all(self.states.get(worker) == READY for worker in serving)
 
@@ -81,23 +78,19 @@ class WorkerWatch:
         return {worker_name(worker_id): state for worker_id, state in sorted(self.states.items())}
 
     def refresh(self) -> None:
-        table = self._read_table()
-        self.apply(self._read_states())
-        self.follow_table(table)
+        """Follow the published table if it changed since the last look (one ``stat``)."""
+        table = self._table_file.read_if_changed()
+        if table is not None:
+            self.follow_table(table)
+        else:
+            # Again at every poll: a request may have picked a worker just before this process saw
+            # that it is no longer ready, and sent it there after.
+            self.apply(self.states)
 
-    def _read_table(self) -> RoutingTable | None:
-        return None if self._table_file is None else self._table_file.read_if_changed()
-
-    def follow_table(self, table: RoutingTable | None) -> None:
-        """Take a newly published routing table: retire, forget, acknowledge.
-
-        The table must be read before the states it is applied with: the main process publishes a
-        version only after its workers were ready, so states read after the table see them ready.
-        (States read before it could still say "starting", and the new version would answer 503.)
-        """
-        if table is None:
-            return
+    def follow_table(self, table: RoutingTable) -> None:
+        """Take a newly published routing table: the workers' states, then retire, forget, acknowledge."""
         self.table = table
+        self.apply(table.worker_states)
         for worker_id in table.draining:
             self._channel.retire(worker_id)
         current = table.serving_workers() | set(table.draining)
@@ -108,7 +101,9 @@ class WorkerWatch:
             self._acks[self._channel.api_server] = table.generation
 
     def apply(self, states: dict[int, str]) -> None:
-        self.states = states
+        """New states: requests go only to ready workers from now on, and those that a worker no
+        longer ready holds (it died and is restarted, or it crashed while draining) get a 503."""
+        self.states = dict(states)
         self.ready_workers = [worker_id for worker_id, state in self.states.items() if state == READY]
         for worker_id, state in self.states.items():
             if state != READY:
@@ -121,15 +116,8 @@ class WorkerWatch:
     async def run(self) -> None:
         while True:
             try:
-                # A round trip to the multiprocessing manager, which a busy machine can hold up for
-                # a long time: in a thread, so deadlines and answers on this loop are not held up.
-                table = self._read_table()
-                self.apply(await asyncio.to_thread(self._read_states))
-                self.follow_table(table)
-            except (ConnectionError, EOFError):
-                return  # the manager is gone: the server is shutting down
+                self.refresh()
             except Exception:
                 # Keep watching: a dead watch would freeze /ready and stop failing crashed requests.
-                logger.exception("Reading the inference workers' states failed; trying again.")
-                self.states, self.ready_workers = {}, []
+                logger.exception("Reading the routing table failed; trying again.")
             await asyncio.sleep(self.poll_interval_s)

@@ -1,5 +1,6 @@
 """The planner child process, ``python -m service.supervisor.planning``: ``{"settings", "load"}`` JSON
-on stdin -> ``{"plans": [...]}`` or ``{"error": message}`` on stdout.
+on stdin -> ``{"plans": [...]}`` or ``{"error": message}`` on stdout, with ``"setting"``: the
+``SettingsError``'s fields, when the refusal was one (launch.py raises it again from them).
 
 Started by the main process (service/supervisor/planning/launch.py) at launch and for each load call;
 it imports torch, which the main process must not (service/supervisor/planning/planner.py says why).
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 
+from compile.settings_errors import SettingsError
 from service.settings import ServeSettings
 from service.supervisor.planning.planner import plan_repository
 from service.supervisor.planning.plans import LoadRequest
@@ -27,16 +29,23 @@ def main() -> None:
     load = None if request["load"] is None else LoadRequest(**request["load"])
     configure_logging(settings.log_level, settings.log_format)
     adopt_torch_logger()
-    try:
-        answer = {"plans": [plan.to_dict() for plan in plan_repository(settings, load)]}
-    except ValueError as exc:
-        answer = {"error": str(exc)}
-    sys.stdout.write(json.dumps(answer))
+    sys.stdout.write(json.dumps(answer(settings, load)))
     sys.stdout.flush()
     sys.stderr.flush()
     # No interpreter shutdown: libraries torch loads (OpenAI Triton's nanobind) can report "leaked"
     # objects at exit, which would reach the server's log as if they were ours.
     os._exit(0)
+
+
+def answer(settings: ServeSettings, load: LoadRequest | None) -> dict:
+    """The plans as JSON, or the refusal: a ``SettingsError`` with its fields, so that the main
+    process raises it again as it was raised here (launch.py)."""
+    try:
+        return {"plans": [plan.to_dict() for plan in plan_repository(settings, load)]}
+    except SettingsError as exc:
+        return {"error": str(exc), "setting": exc.to_dict()}
+    except ValueError as exc:
+        return {"error": str(exc)}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+from compile.settings_errors import SettingsError
 from service.settings import ServeSettings
 from service.supervisor.planning.plans import LoadRequest, VersionPlan
 
@@ -38,21 +39,30 @@ class Planning:
         self._input = json.dumps({"settings": asdict(public), "load": None if load is None else asdict(load)})
 
     def result(self, timeout_s: float | None = None) -> list[VersionPlan]:
-        """The plans; ``ValueError`` with the planner's message when the settings cannot be served."""
+        """The plans; ``SettingsError`` when the settings cannot be served: the planner's own (its flag,
+        value and fix cross as JSON), or, for a refusal that names no setting (a model file that does
+        not load, an artifact this machine cannot run), one with the planner's message alone."""
         try:
             stdout, stderr = self._process.communicate(self._input, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.communicate()
-            raise ValueError(f"Planning took longer than {timeout_s:g} s (--load-timeout-s).") from None
+            raise SettingsError(
+                "--load-timeout-s",
+                timeout_s,
+                f"Planning took longer than {timeout_s:g} s (--load-timeout-s).",
+                "Raise --load-timeout-s: planning imports torch and reads the engine.",
+            ) from None
         if stderr.strip():
             sys.stderr.write(stderr)  # its log records and warnings, as if this process had written them
         try:
             answer = json.loads(stdout)
         except ValueError:
             raise PlanningFailed(f"the planner exited with code {self._process.returncode}; see above.") from None
+        if "setting" in answer:
+            raise SettingsError.from_dict(answer["setting"])
         if "error" in answer:
-            raise ValueError(answer["error"])
+            raise SettingsError("", None, answer["error"], "")
         return [VersionPlan.from_dict(plan, self._keys) for plan in answer["plans"]]
 
 

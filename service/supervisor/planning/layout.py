@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from compile.settings_errors import SettingsError
 from service.settings import ServeSettings, resolve_api_servers
 from service.supervisor.planning.cores import usable_cores
 from service.supervisor.planning.plans import ServePlan, VersionPlan
@@ -30,11 +31,13 @@ class ServerLayout:
 
 
 def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_count: int | None = None) -> ServerLayout:
-    """The layout the plans agree on; ``ValueError`` if two versions want different devices."""
+    """The layout the plans agree on; ``SettingsError`` if two versions want different devices."""
     if not plans:
-        raise ValueError(
-            f"The model repository {settings.model_repository} has no model to serve: add DIR/<name>/1 "
-            "(compile-trt --model ... --output DIR/<name>/1)."
+        raise SettingsError(
+            "--model-repository",
+            settings.model_repository,
+            f"The model repository {settings.model_repository} has no model to serve.",
+            "Add DIR/<name>/1 (compile-trt --model ... --output DIR/<name>/1).",
         )
     first = plans[0].serve_plan
     workers = sum(plan.serve_plan.workers for plan in plans)
@@ -43,9 +46,12 @@ def server_layout(plans: Sequence[VersionPlan], settings: ServeSettings, cpu_cou
     layout = ServerLayout(first.accelerator, first.devices, first.worker_env, api_servers)
     for plan in plans[1:]:
         if not layout.fits(plan.serve_plan):
-            raise ValueError(
+            raise SettingsError(
+                "--model-repository",
+                settings.model_repository,
                 f"Model {plan.name} version {plan.version} is compiled for {plan.serve_plan.accelerator}, and "
                 f"{plans[0].name} version {plans[0].version} for {first.accelerator}: one server serves one device "
-                "layout. Recompile one, or pass --device."
+                "layout.",
+                "Recompile one, or pass --device.",
             )
     return layout

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compile.cli_flags import visible_device
+from compile.settings_errors import SettingsError
 from service import _defaults
 from service.model_info import ModelInfo
 from service.repository.layout import (
@@ -63,7 +64,7 @@ ARTIFACT_FIXED_FLAGS = ("labels", "resize_size", "crop_size", "mean", "std", "in
 
 
 def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSettings, Manifest]:
-    """Settings adjusted to the artifact's manifest, which wins over flags; ``ValueError`` if they conflict."""
+    """Settings adjusted to the artifact's manifest, which wins over flags; ``SettingsError`` if they conflict."""
     import torch
 
     from compile.devices import describe_device
@@ -87,21 +88,29 @@ def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSetti
     here = describe_device(torch.device("cpu")) if device_type == "cpu" else None
     ensure_servable(manifest, settings.artifact, device_type, here)
     if settings.model not in (_defaults.MODEL, manifest.model):
-        raise ValueError(
-            f"--model {settings.model} conflicts with --artifact {settings.artifact}, which holds {manifest.model}. "
-            "Drop --model: the artifact decides the model."
+        raise SettingsError(
+            "--model",
+            settings.model,
+            f"--model {settings.model} conflicts with --artifact {settings.artifact}, which holds {manifest.model}.",
+            "Drop --model: the artifact decides the model.",
         )
     fixed = [f for f in ARTIFACT_FIXED_FLAGS if getattr(settings, f)]
     if fixed:
         flags = ", ".join(f"--{f.replace('_', '-')}" for f in fixed)
-        raise ValueError(
+        raise SettingsError(
+            flags,
+            ", ".join(str(getattr(settings, f)) for f in fixed),
             f"{flags}: the artifact {settings.artifact} fixes its labels and preprocessing (the accuracy gate checked "
-            "them). Drop the flags, or compile a new artifact with them: compile-trt --model ... " + flags + "."
+            "them).",
+            f"Drop the flags, or compile a new artifact with them: compile-trt --model ... {flags}.",
         )
     if settings.weights != _defaults.WEIGHTS:
-        raise ValueError(
-            f"--weights has no effect with --artifact: the engine was compiled with {manifest.weights_source}. "
-            "Drop --weights, or compile a new artifact with compile-trt --weights."
+        raise SettingsError(
+            "--weights",
+            settings.weights,
+            f"--weights {settings.weights} has no effect with --artifact: the engine was compiled with "
+            f"{manifest.weights_source}.",
+            "Drop --weights, or compile a new artifact with compile-trt --weights.",
         )
     max_batch_size = settings.max_batch_size
     if max_batch_size > manifest.batch_max:
@@ -155,7 +164,8 @@ def model_cost(entry: ModelEntry, manifest: Manifest | None, artifact: str) -> M
 
 
 def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: int | None = None) -> ServePlan:
-    """The plan for ``settings`` on this machine; ``ValueError`` says what to change. Imports torch.
+    """The plan for ``settings`` on this machine; ``ValueError`` says what to change (a ``SettingsError``
+    when it is a setting's value). Imports torch.
 
     ``cores``: those this plan's workers may use (default: every core this process may use)."""
     import torch
@@ -174,7 +184,10 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: 
         settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES")
     )
     worker_device = "cpu" if accelerator == "cpu" else "cuda:0"
-    preprocess, reason = resolve_preprocess_backend(settings.preprocess, worker_device)
+    try:
+        preprocess, reason = resolve_preprocess_backend(settings.preprocess, worker_device)
+    except ValueError as exc:  # preprocessing/ knows no flags; its message says what to use instead
+        raise SettingsError("--preprocess", settings.preprocess, str(exc), "") from None
     if manifest is not None:
         spec, labels_source, labels = manifest.preprocess, manifest.labels_source, manifest.labels
         weights, engine = manifest.weights_source, manifest.engine_name
@@ -272,7 +285,8 @@ def plan_repository(
                     version_settings(settings, folder.name, folder.versions[version], config), cuda_count, cores
                 )
             except (ValueError, OSError) as exc:
-                raise ValueError(f"Model {folder.name!r} version {version}: {exc}") from None
+                error = SettingsError.of(exc)
+                raise error.with_message(f"Model {folder.name!r} version {version}: {error.message}") from None
             plans.append(VersionPlan(folder.name, version, version_plan))
     try:
         check_memory(plans)

@@ -1,7 +1,7 @@
 """The repository calls, carried out in the main process: ``RepositoryOperations`` loads, unloads and
 lists the model versions its ``WorkerSet`` serves (service/supervisor/pool/workers.py), without losing
 a request, and publishes each change with its ``TablePublisher`` (service/supervisor/pool/
-table_publisher.py). The HTTP processes send it the calls (service/repository/control_channel.py).
+table_publisher.py). The HTTP processes send it the calls (service/transport/control_channel.py).
 
 The first versions' workers start at launch (``start``). A load:
 
@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from service.repository.control_channel import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest
 from service.repository.layout import RepositoryError, model_names
 from service.settings import ServeSettings
 from service.supervisor.planning.launch import Planning, start_planning
@@ -37,6 +36,7 @@ from service.supervisor.planning.layout import ServerLayout
 from service.supervisor.planning.plans import LoadRequest, VersionPlan
 from service.supervisor.pool.table_publisher import TablePublisher
 from service.supervisor.pool.workers import Worker, WorkerSet
+from service.transport.control_channel import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class RepositoryOperations:
         return self.workers.processes()
 
     def handle(self, request: ControlRequest) -> ControlReply:
-        """One call from an HTTP process (service/repository/control_channel.py's server runs it)."""
+        """One call from an HTTP process (service/transport/control_channel.py's server runs it)."""
         try:
             if request.op == INDEX:
                 return ControlReply(index=self.index(request.ready_only))

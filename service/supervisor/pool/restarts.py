@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from service.litserve_bridge import READY, STARTING
 from service.supervisor.pool.workers import POLL_INTERVAL_S, WorkerHooks, WorkerSet
+from service.transport.control_channel import READY, STARTING
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class WorkerRestarter:
     ) -> None:
         """Main-process loop: restart every serving worker that died; until ``stopping()``."""
         while not stopping():
-            states = self.hooks.states()
+            states = self.workers.states.snapshot()
             for worker in self.workers.serving():
                 if worker.process.is_alive() or stopping():
                     continue
@@ -58,7 +58,7 @@ class WorkerRestarter:
                 )
                 metrics_restart(worker.process)
                 try:
-                    self.hooks.set_state(worker.worker_id, STARTING)
+                    self.workers.states.set(worker.worker_id, STARTING)
                     worker.process = self.hooks.spawn(worker.entry, worker.worker_id, worker.device)
                 except Exception as exc:
                     self.on_unrecoverable(

@@ -1,7 +1,7 @@
-"""Publishing the routing table, in the main process: ``TablePublisher`` writes the table the
-workers' state makes (service/supervisor/pool/workers.py) to the file every HTTP process follows
-(service/repository/table.py), each time with a new generation, and waits until every HTTP process
-acknowledges that generation (shared memory, ``acks``).
+"""Publishing the routing table, in the main process: ``TablePublisher`` writes the table the worker
+set and the workers' states make (service/supervisor/pool/workers.py, states.py) to the file every
+HTTP process follows (service/repository/table.py), each time with a new generation; a load or an
+unload then waits until every HTTP process acknowledges that generation (shared memory, ``acks``).
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ class TablePublisher:
         channels_directory: str,
         acks: Sequence[int],
         routes: Callable[[], Routes],
+        states: Callable[[], dict[int, str]],
         default_model: str,
         stopping: threading.Event,
         ack_timeout_s: float = ACK_TIMEOUT_S,
     ) -> None:
         """``acks``: per HTTP process, the table generation it follows (-1: not started yet);
-        ``routes``: the table's content now; ``default_model``: --default-model, or ""."""
+        ``routes``: the table's content now; ``states``: every worker's state now; ``default_model``:
+        --default-model, or ""."""
         self.table_file = TableFile(channels_directory)
         self.acks = acks
         self.routes = routes
+        self.states = states
         self.default_model = default_model
         self.stopping = stopping
         self.ack_timeout_s = ack_timeout_s
@@ -46,13 +49,30 @@ class TablePublisher:
         # Generations are written in the order their content was read: a later table never loses
         # to an earlier one that a slower thread wrote after it.
         self._lock = threading.Lock()
+        self._changed = threading.Event()
+
+    def start(self) -> None:
+        """Start the thread that publishes what ``publish_soon`` asks for."""
+        threading.Thread(target=self._publish_changes, name="vision-serve-table", daemon=True).start()
+
+    def publish_soon(self) -> None:
+        """A worker's state changed: publish a new table from the publisher's thread, at once. From
+        any thread, under any lock (publishing takes the worker set's lock: doing it here could
+        deadlock with a thread that holds that lock and waits for ours)."""
+        self._changed.set()
+
+    def _publish_changes(self) -> None:
+        while not self.stopping.is_set():
+            if self._changed.wait(ACK_TIMEOUT_S):
+                self._changed.clear()
+                self.publish()
 
     def _table(self) -> RoutingTable:
         """The table with the content now and the current generation (under ``_lock``)."""
         models, draining = self.routes()
         # /predict without ?model=: --default-model, else the one model when there is exactly one.
         default = self.default_model or (next(iter(models)) if len(models) == 1 else "")
-        return RoutingTable(self._generation, models, draining, default)
+        return RoutingTable(self._generation, models, draining, default, self.states())
 
     def publish(self) -> int:
         """Write the table with a new generation; returns it (not waiting for the HTTP processes)."""

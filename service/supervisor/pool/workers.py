@@ -1,16 +1,17 @@
 """The inference worker processes of the main process, by model version: ``WorkerSet`` starts a
 planned version's workers, waits until they are ready, lets retired ones drain, and stops them.
 
-Every inference worker is started here, through LitServe's own worker function (the server's
-``WorkerHooks``, service/supervisor/server.py: ``ls.LitAPI`` stays the model contract), each with a
-worker id never used before. Which versions serve and which workers drain is the set's state; the
-routing table is made from it (service/supervisor/pool/table_publisher.py).
+Every inference worker is started here (``spawn_worker``: a spawned process running service/worker/
+process.py), each with a worker id never used before. Which versions serve and which workers drain
+is the set's state; each worker's readiness is in ``WorkerStates`` (service/supervisor/pool/states.py);
+the routing table is made from both (service/supervisor/pool/table_publisher.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,11 +19,12 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
 from compile.unpacking import remove_unpacked_of
-from service.litserve_bridge import ERROR, READY
 from service.repository.table import VersionRoute
 from service.settings import ServeSettings
 from service.supervisor.planning.plans import VersionPlan
-from service.worker.entry import setup_error_path
+from service.supervisor.pool.states import WorkerStates
+from service.transport.control_channel import ERROR, READY, STARTING
+from service.worker.process import run_worker
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +40,9 @@ class Worker:
     worker_id: int
     name: str
     version: int
-    device: object  # LitServe's device for it: "cpu", "cuda:0", or a list of them
+    device: object  # its device, as LitServe lays them out: "cpu", "cuda:0", or a list of them
     process: BaseProcess
-    entry: object  # the LitAPI it runs
+    entry: object  # the WorkerEntry it runs
 
 
 @dataclass
@@ -54,14 +56,21 @@ class ServedVersion:
         )
 
 
+def spawn_worker(entry: object, worker_id: int, device: object, channels_directory: str) -> BaseProcess:
+    """Start an inference worker process for ``entry`` (its ``WorkerEntry``) on ``device``."""
+    process = multiprocessing.get_context("spawn").Process(
+        target=run_worker, args=(entry, device, worker_id, channels_directory, os.getpid()), name="inference-worker"
+    )
+    process.start()
+    return process
+
+
 @dataclass(frozen=True)
 class WorkerHooks:
-    """What the pool needs of LitServe (service/supervisor/server.py binds them)."""
+    """What the pool needs of the server (service/supervisor/server.py binds them)."""
 
-    spawn: Callable[[object, int, object], BaseProcess]  # (LitAPI, worker id, device) -> started process
-    states: Callable[[], dict[int, str]]  # worker id -> setup state
-    set_state: Callable[[int, str | None], None]  # None removes it
-    make_entry: Callable[[VersionPlan], object]  # the LitAPI of a planned version
+    spawn: Callable[[object, int, object], BaseProcess]  # (entry, worker id, device) -> started process
+    make_entry: Callable[[VersionPlan], object]  # the WorkerEntry of a planned version
     device_slots: Callable[[int], list[object]]  # workers per device -> one device per worker
 
 
@@ -69,11 +78,12 @@ class WorkerSet:
     """The worker processes by served version, and those draining; one job: their lifecycle."""
 
     def __init__(
-        self, settings: ServeSettings, channels_directory: str, hooks: WorkerHooks, stopping: threading.Event
+        self, settings: ServeSettings, states: WorkerStates, hooks: WorkerHooks, stopping: threading.Event
     ) -> None:
-        """``stopping``: set when the server stops; a wait for new workers then ends at once."""
+        """``states``: every worker's state; ``stopping``: set when the server stops, a wait for new
+        workers then ends at once."""
         self.settings = settings
-        self.channels_directory = channels_directory
+        self.states = states
         self.hooks = hooks
         self.stopping = stopping
         self.served: dict[str, dict[int, ServedVersion]] = {}
@@ -131,6 +141,7 @@ class WorkerSet:
             for device in self.hooks.device_slots(plan.serve_plan.settings.workers_per_device):
                 worker_id = self._next_worker_id
                 self._next_worker_id += 1
+                self.states.set(worker_id, STARTING)
                 process = self.hooks.spawn(entry, worker_id, device)
                 version.workers.append(Worker(worker_id, plan.name, plan.version, device, process, entry))
         logger.info(
@@ -146,7 +157,7 @@ class WorkerSet:
         """ "" once every worker is ready; else why not (its setup error, its death, the timeout)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            states = self.hooks.states()
+            states = self.states.snapshot()
             for worker in workers:
                 state = states.get(worker.worker_id)
                 if state == ERROR or (state != READY and not worker.process.is_alive()):
@@ -160,11 +171,10 @@ class WorkerSet:
             time.sleep(POLL_INTERVAL_S)
 
     def _setup_error(self, worker: Worker) -> str:
-        path = setup_error_path(self.channels_directory, worker.worker_id)
-        try:
-            return path.read_text().strip() + "."
-        except OSError:
-            return f"its worker exited with code {worker.process.exitcode} while loading (see the server log)."
+        detail = self.states.detail(worker.worker_id).strip()
+        if detail:
+            return detail + "."
+        return f"its worker exited with code {worker.process.exitcode} while loading (see the server log)."
 
     def drain(self, workers: list[Worker]) -> None:
         """Wait for each worker to exit once it answered everything; stop those that outlive the
@@ -177,7 +187,7 @@ class WorkerSet:
             # It died instead of draining: marked failed for a few polls, so that each HTTP process
             # answers what it still held with a retry-safe 503 instead of waiting for the deadline.
             for worker in crashed:
-                self.hooks.set_state(worker.worker_id, ERROR)
+                self.states.set(worker.worker_id, ERROR)
             time.sleep(CRASH_NOTICE_S)
         late = [w for w in workers if w.process.is_alive()]
         if late:
@@ -202,7 +212,5 @@ class WorkerSet:
         with self._lock:
             for worker in workers:
                 self.draining.pop(worker.worker_id, None)
-                self.hooks.set_state(worker.worker_id, None)
-                with contextlib.suppress(OSError):
-                    setup_error_path(self.channels_directory, worker.worker_id).unlink(missing_ok=True)
+                self.states.set(worker.worker_id, None)
                 remove_unpacked_of(worker.process.pid)

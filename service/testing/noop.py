@@ -1,5 +1,6 @@
-"""The classifier of benchmarks/frontend_server.py: the real one with its decoder and model swapped for
-no-ops after loading (loaded for its labels). Runs in the inference workers only."""
+"""The no-op model (``NOOP_MODEL``, served by benchmarks/frontend_server.py): the real classifier with
+its decoder and model swapped for no-ops after loading (loaded for its labels). Runs in the inference
+workers only."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class NoopPreprocessor(Preprocessor):
 
 
 class NoopClassifier(Classifier):
+    """The classifier, loaded for its labels, with zero logits and no decoding."""
+
     @classmethod
     def load(cls, settings: ServeSettings, device: str) -> Classifier:
         classifier = super().load(settings, device)
