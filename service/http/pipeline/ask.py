@@ -37,9 +37,10 @@ class Ask(NamedTuple):
     model: str | None  # None or "": the default model
     version: str | None  # None or "": the model's latest; named, the request is pinned to it
     departure: Departure | None = None  # told when an HTTP client leaves (gRPC's leave by cancelling)
-    # The protocol's rule for images refused by their checks, given its parsed request and each image's
-    # refusal (None where it may run): raise to fail the whole request. None: a refused image is
-    # answered its own error and the others run (``/predict``'s many images).
+    # The protocol's rule for a request some of whose images were refused by their checks, given its
+    # parsed request and each image's refusal (None where it may run): raise to fail the whole
+    # request. None: a refused image is answered its own error and the others run (``/predict``'s
+    # many images).
     on_refused: Callable[[Any, list[Answer | None]], None] | None = None
 
     @property

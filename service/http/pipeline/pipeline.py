@@ -67,13 +67,13 @@ class RequestPipeline:
         route = self.route(ask.model, ask.version)
         images = parsed.images
         refused = refusals(images, self.limits.max_image_pixels)
-        if ask.on_refused is not None:
-            ask.on_refused(parsed, refused)
         top_k, cache_on = parsed.worker_top_k, self.cache is not None
         if refused.count(None) == len(images):  # the usual case, every image may run: nothing to pick out
             answers, total_ms, route = await self._from_cache_or_workers(images, top_k, route, ask)
             return Outcome(parsed, answers, range(len(images)), total_ms, route, cache_on)
-        # Some were refused: the others run, and each answer goes back to its image's place.
+        if ask.on_refused is not None:
+            ask.on_refused(parsed, refused)  # the protocol's rule: it raises to fail the whole request
+        # Else the others run, and each answer goes back to its image's place.
         ran = [index for index, refusal in enumerate(refused) if refusal is None]
         answers, total_ms = refused, 0.0
         if ran:
