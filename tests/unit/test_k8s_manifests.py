@@ -7,11 +7,14 @@ defaults, so a change on either side that breaks the other fails here.
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import subprocess
 from dataclasses import fields
 from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -26,6 +29,9 @@ K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 MONITORING = K8S / "monitoring"
 PER_POD_CACHE = K8S / "components" / "per-pod-cache"
 CPU_COMPONENT = K8S / "components" / "cpu"
+KEDA_COMPONENT = K8S / "components" / "keda"
+# KEDA's ScaledObject CRD schema (a custom resource: kubernetes-validate has no schema for it).
+KEDA_SCHEMA = KEDA_COMPONENT / "schema" / "scaledobject-v2.20.2.json"
 SERVICE_MONITOR = K8S / "prometheus-operator" / "servicemonitor.yaml"
 # Objects outside every kustomization, deployed by hand; validated all the same.
 STANDALONE = (K8S / "secret.example.yaml", SERVICE_MONITOR)
@@ -138,7 +144,7 @@ def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
 def test_every_yaml_file_is_deployed_or_known():
     """A manifest that no kustomization lists and no test knows of would go unvalidated."""
     known = {*STANDALONE}
-    for directory in (K8S, MONITORING, PER_POD_CACHE, CPU_COMPONENT):
+    for directory in (K8S, MONITORING, PER_POD_CACHE, CPU_COMPONENT, KEDA_COMPONENT):
         spec = kustomization(directory)
         known.add(directory / "kustomization.yaml")
         known.update(directory / name for name in spec.get("resources", []))
@@ -463,6 +469,99 @@ def test_hpa_behaviour_scales_up_fast_and_down_slowly():
     assert 1 <= spec["minReplicas"] < spec["maxReplicas"]
     assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= SCALE_DOWN_STABILIZATION_MIN_S
     assert spec["behavior"]["scaleUp"]["stabilizationWindowSeconds"] < SCALE_DOWN_STABILIZATION_MIN_S
+
+
+# ---- KEDA instead of prometheus-adapter + HPA (components/keda) -----------------------------------
+
+
+def keda_errors(doc: dict) -> list[str]:
+    validator = jsonschema.Draft7Validator(json.loads(KEDA_SCHEMA.read_text()))
+    return [
+        f"{'.'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
+        for error in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+
+
+def scaled_object() -> dict:
+    return load_one(KEDA_COMPONENT / "scaledobject.yaml")
+
+
+def test_keda_schema_says_where_it_came_from():
+    schema = json.loads(KEDA_SCHEMA.read_text())
+    source = schema["$comment"]
+    assert "github.com/kedacore/keda v2.20.2 (commit " in source
+    assert re.search(r"\(commit [0-9a-f]{40}\)", source)
+    assert "keda.sh_scaledobjects.yaml" in source
+    # Strict, as kubectl apply's default field validation: unknown fields are errors, not pruned.
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["spec"]["additionalProperties"] is False
+    assert {"scaleTargetRef", "triggers"} <= set(schema["properties"]["spec"]["required"])
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_keda_component_replaces_the_hpa_with_an_equivalent_scaled_object(version, tmp_path):
+    docs = kustomize_overlay(tmp_path / "overlay", K8S, [KEDA_COMPONENT])
+    kinds = by_kind(docs)
+    # KEDA makes its own HPA from the ScaledObject; a second one on the Deployment would fight it.
+    assert "HorizontalPodAutoscaler" not in kinds
+    (scaled,) = kinds.pop("ScaledObject")
+    assert schema_errors([doc for kind in kinds.values() for doc in kind], version) == []
+    assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    assert keda_errors(scaled) == []
+    (rendered,) = kinds["Deployment"]
+    assert scaled["metadata"]["namespace"] == rendered["metadata"]["namespace"]
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "Deployment", "vision-serve")
+    assert target["name"] == rendered["metadata"]["name"]
+    # The same bounds, signal, target and behaviour as hpa.yaml: both scale at the same load.
+    hpa = load_one(K8S / "hpa.yaml")["spec"]
+    assert spec["minReplicaCount"] >= 1, "no scale to zero: nothing would hold requests while a pod starts"
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (hpa["minReplicas"], hpa["maxReplicas"])
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    # AverageValue: KEDA's HPA divides the query's value by the pods, as the HPA's per-pod average.
+    assert trigger.get("metricType", "AverageValue") == "AverageValue"
+    metadata = trigger["metadata"]
+    assert float(metadata["threshold"]) == float(hpa_metric()["target"]["averageValue"])
+    assert re.fullmatch(r"https?://[^/\s]+(/\S*)?", metadata["serverAddress"])
+    query = metadata["query"]
+    name = hpa_metric()["metric"]["name"]
+    assert re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*(?=\{)", query) == [name]
+    assert query.startswith("sum("), "the query must total the pods' requests, which the HPA then averages"
+    assert f'namespace="{rendered["metadata"]["namespace"]}"' in query
+    # Averaged over the same window as prometheus-adapter's rule.
+    (rule,) = [r for r in adapter_rules() if adapter_exposes(r, name)]
+    assert re.search(r"avg_over_time\(.*\[(\w+)\]", query).group(1) == re.search(
+        r"avg_over_time\(.*\[(\w+)\]", rule["metricsQuery"]
+    ).group(1)
+
+
+# A change to the ScaledObject -> what KEDA's schema's error must name.
+KEDA_BROKEN = {
+    "trigger without a type": (("spec", "triggers", 0, "type"), None, "'type' is a required property"),
+    "unknown spec field": (("spec", "minReplicas"), 1, "'minReplicas'"),
+    "replica count as a string": (("spec", "maxReplicaCount"), "8", "not of type 'integer'"),
+    "no scale target": (("spec", "scaleTargetRef"), None, "'scaleTargetRef' is a required property"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KEDA_BROKEN))
+def test_keda_schema_rejects_a_broken_scaled_object(case):
+    path, value, expected = KEDA_BROKEN[case]
+    broken = copy.deepcopy(scaled_object())
+    target = broken
+    for key in path[:-1]:
+        target = target[key]
+    if value is None:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    assert keda_errors(scaled_object()) == []
+    errors = keda_errors(broken)
+    assert len(errors) == 1, errors
+    assert expected in errors[0]
 
 
 # ---- Prometheus scrape config --------------------------------------------------------------------
