@@ -82,3 +82,38 @@ def test_weights_flag_is_refused_for_a_folder(tmp_path) -> None:
     folder = save_transformers("resnet", tmp_path / "resnet")
     with pytest.raises(WeightsError, match="the folder holds its weights"):
         load_eager(ModelRequest(model=str(folder)), "random", torch.device("cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["onnx", "inductor"])
+def test_a_folder_compiles_through_the_gate_and_serves_the_same_answers(tmp_path, backend) -> None:
+    """compile-trt --model FOLDER: the gate passes, and the artifact answers as transformers does."""
+    pytest.importorskip("onnxruntime") if backend == "onnx" else None
+    from compile.build import compile_artifact
+    from compile.settings import CompileSettings
+    from service.worker.engine import load_artifact
+
+    folder = save_transformers("convnext", tmp_path / "convnext")
+    settings = CompileSettings(
+        model=str(folder), device="cpu", backend=backend, batch=(1, 4, 4), output=str(tmp_path / "artifact")
+    )
+    result = compile_artifact(settings)
+    assert result.manifest.validation["passed"] and result.manifest.labels == LABELS
+    served = load_artifact(result.directory, torch.device("cpu"))
+    prepare = PilPreprocessor(served.entry.preprocess, "cpu", num_threads=1, use_jpeg_draft=False)
+    images = prepare([encode(sample_array(p), "PNG") for p in PHOTOS]).images
+    with torch.no_grad():
+        mine = served(images.float().contiguous()).softmax(-1)
+    assert_same_answers(mine, theirs_transformers(folder))
+
+
+def test_an_export_failure_names_the_architecture_and_backend(tmp_path) -> None:
+    from compile.backends import BackendUnavailable
+    from compile.build import folder_export_failed
+    from compile.model_source import resolve_model
+
+    entry = resolve_model(ModelRequest(model=str(save_transformers("resnet", tmp_path / "resnet"))))
+    error = folder_export_failed(entry, "onnx", RuntimeError("unsupported op aten::foo\nmore"))
+    assert isinstance(error, BackendUnavailable)
+    assert "--backend onnx cannot export ResNetForImageClassification" in str(error)
+    assert "RuntimeError: unsupported op aten::foo." in str(error) and "--model" in str(error)
