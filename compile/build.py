@@ -40,6 +40,7 @@ from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, 
 from compile.model_files import read_model_file
 from compile.model_request import ModelRequest
 from compile.model_source import resolve_model
+from compile.pretrained_folders import FOLDER_FAMILIES
 from compile.progress import Progress
 from compile.quantization import Calibration
 from compile.quantization.datasets import ImageFiles, check_disjoint, files_digest, preprocess_files, read_image_folder
@@ -360,7 +361,14 @@ def build_and_gate(
     compile_started = time.perf_counter()
     with progress.stage(f"Compiling with {backend.name} ({settings.precision})"):
         model = PrecisionCast(copy.deepcopy(reference), PRECISION_DTYPES[settings.precision]).eval()
-        backend.build(model, settings, device, entry.preprocess.crop_size, engine_path, calibration)
+        try:
+            backend.build(model, settings, device, entry.preprocess.crop_size, engine_path, calibration)
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            if entry.family not in FOLDER_FAMILIES:
+                raise
+            raise folder_export_failed(entry, backend.name, exc) from exc
         del model
     manifest = dataclasses.replace(
         manifest,
@@ -375,6 +383,18 @@ def build_and_gate(
     if not report.passed:
         raise GateFailed(report)
     return dataclasses.replace(manifest, validation=report.to_dict(), quantization=quantization_record(plan))
+
+
+def folder_export_failed(entry: ModelEntry, backend_name: str, exc: Exception) -> BackendUnavailable:
+    """A saved folder's architecture that this backend cannot export: the error names both."""
+    from compile.pretrained_folders import architecture_of
+
+    architecture = architecture_of(Path(entry.model), entry.family)
+    reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]
+    return BackendUnavailable(
+        f"--backend {backend_name} cannot export {architecture} ({entry.model}): {reason}. Serve it eagerly "
+        f"(vision-serve --model {entry.model}) or try another --backend."
+    )
 
 
 def prepare_calibration(plan: CompilePlan, inputs: GateInputs) -> Calibration:

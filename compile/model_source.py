@@ -1,6 +1,6 @@
 """What ``--model`` names, resolved: a catalog model, a timm model, or a model file made elsewhere.
 
-``--model`` takes four forms, each with its own preprocessing and labels unless flags override them:
+``--model`` takes five forms, each with its own preprocessing and labels unless flags override them:
 
 =======================  =====================================  ==============================
 form                     preprocessing                          labels
@@ -11,6 +11,8 @@ form                     preprocessing                          labels
                                                                 classes, or ``--labels``
 ``path/model.onnx``      the flags, required                    ``--labels``, required
 ``path/model.pt2``       the flags, required                    ``--labels``, required
+``path/folder/``         its preprocessor_config.json (HF)      its config.json's ``id2label``
+                         or pretrained_cfg (timm)               (``label_names`` for timm)
 =======================  =====================================  ==============================
 
 A labels file sets the number of classes: the architectures we build get a head of that size, and
@@ -31,15 +33,17 @@ from compile.catalog import ModelEntry, get_model_entry, imagenet_labels
 from compile.labels import IMAGENET_LABELS_KEYWORD, read_labels
 from compile.model_files import ModelFileFacts, model_file_format, read_model_file
 from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
+from compile.pretrained_folders import FOLDER_FAMILIES, folder_entry, folder_kind
 from compile.settings_errors import SettingsError
 from preprocessing.spec import SUPPORTED_INTERPOLATIONS, PreprocessSpec
 
 
 def model_kind(model: str) -> str:
-    """``catalog``, ``timm``, ``onnx`` or ``exported-program``."""
+    """``catalog``, ``timm``, ``onnx``, ``exported-program``, or a saved folder's: ``transformers``,
+    ``timm-folder`` (compile/pretrained_folders.py)."""
     if model.startswith(_defaults.TIMM_PREFIX):
         return "timm"
-    return model_file_format(model) or "catalog"
+    return model_file_format(model) or folder_kind(model) or "catalog"
 
 
 def resolve_model(request: ModelRequest) -> ModelEntry:
@@ -51,6 +55,9 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
         entry = get_model_entry(request.model)
     elif kind == "timm":
         entry = timm_entry(request.model[len(_defaults.TIMM_PREFIX) :])
+    elif kind in FOLDER_FAMILIES:
+        overridden = all(getattr(request, f) for f in (*PREPROCESS_FLAGS, "interpolation"))
+        entry = folder_entry(request.model, kind, overridden)
     else:
         facts = read_model_file(request.model)
         entry = file_entry(request, facts)

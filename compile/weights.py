@@ -14,6 +14,7 @@ from torchvision.models import get_model, get_model_weights
 
 from compile import _defaults
 from compile.catalog import ModelEntry
+from compile.pretrained_folders import FOLDER_FAMILIES, load_folder_model
 
 # The families whose weights are the model file itself.
 FILE_FAMILIES = ("onnx", "exported-program")
@@ -42,6 +43,11 @@ def load_model(entry: ModelEntry, weights: str = _defaults.DEFAULT_WEIGHTS, *, s
     """The model of ``entry`` in eval mode on the CPU, with the requested weights."""
     if entry.family in FILE_FAMILIES:
         loaded = _load_model_file(entry, weights)
+    elif entry.family in FOLDER_FAMILIES:
+        if weights != _defaults.DEFAULT_WEIGHTS:
+            raise WeightsError(f"--weights {weights} has no effect on {entry.model}: the folder holds its weights.")
+        module, path = load_folder_model(entry)
+        loaded = LoadedModel(module, f"folder:{path}", path)
     elif weights == "imagenet":
         loaded = _load_pretrained(entry)
     elif weights == "random":
@@ -72,6 +78,8 @@ def build_architecture(entry: ModelEntry) -> nn.Module:
         )
     if entry.family in FILE_FAMILIES:
         return _load_model_file(entry, "imagenet").module
+    if entry.family in FOLDER_FAMILIES:
+        return load_folder_model(entry)[0]
     return get_model(entry.model, weights=None, num_classes=classes)
 
 

@@ -1,0 +1,234 @@
+"""``--model FOLDER``: an image classifier saved by Hugging Face transformers or by timm, read from disk.
+
+A folder is recognized by its ``config.json``:
+
+* transformers (``save_pretrained``): ``architectures`` and ``model_type``; labels from ``id2label``,
+  preprocessing from ``preprocessor_config.json`` (the processor ``AutoImageProcessor`` would build);
+* timm (``timm.models.push_to_hf_hub.save_for_hf``): ``architecture`` and ``pretrained_cfg``; labels
+  from ``label_names`` (or ``id2label``), preprocessing from ``pretrained_cfg`` as for ``timm:<name>``.
+
+Nothing is downloaded (``local_files_only``); transformers is imported only for such a folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compile.settings_errors import SettingsError
+from preprocessing.spec import PreprocessSpec
+
+CONFIG_FILE = "config.json"
+PREPROCESSOR_FILE = "preprocessor_config.json"
+TRANSFORMERS_FAMILY = "transformers"
+TIMM_FOLDER_FAMILY = "timm-folder"
+FOLDER_FAMILIES = (TRANSFORMERS_FAMILY, TIMM_FOLDER_FAMILY)
+# transformers' PILImageResampling values (PIL's): the ones PreprocessSpec can reproduce.
+RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+FLAGS_HINT = "Pass --resize-size, --crop-size, --mean, --std and --interpolation to serve it with those instead."
+
+
+def folder_kind(model: str) -> str | None:
+    """``transformers`` or ``timm-folder`` when ``model`` is a folder holding such a config.json, else None."""
+    path = Path(model).expanduser()
+    if not (path / CONFIG_FILE).is_file():
+        return None
+    config = read_json(path / CONFIG_FILE)
+    if "architecture" in config and "pretrained_cfg" in config:
+        return TIMM_FOLDER_FAMILY
+    if config.get("architectures") or "model_type" in config:
+        return TRANSFORMERS_FAMILY
+    raise SettingsError(
+        "--model",
+        model,
+        f"{path / CONFIG_FILE} is neither a transformers config (architectures, model_type) nor a timm one "
+        "(architecture, pretrained_cfg).",
+        "Point --model at a folder written by save_pretrained (transformers) or timm's save_for_hf.",
+    )
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SettingsError("--model", str(path.parent), f"Cannot read {path}: {exc}", "") from None
+    if not isinstance(data, dict):
+        raise SettingsError("--model", str(path.parent), f"{path} is not a JSON object.", "")
+    return data
+
+
+def architecture_of(folder: Path, kind: str) -> str:
+    config = read_json(folder / CONFIG_FILE)
+    if kind == TIMM_FOLDER_FAMILY:
+        return str(config["architecture"])
+    return str((config.get("architectures") or [config.get("model_type", "?")])[0])
+
+
+def folder_labels(folder: Path, config: dict) -> tuple[str, ...]:
+    """Labels in output order, from ``label_names`` (timm) or ``id2label``; refuses gaps. A timm folder
+    without either has none (``--labels`` then required)."""
+    if isinstance(config.get("label_names"), list):
+        return tuple(str(name) for name in config["label_names"])
+    if "pretrained_cfg" in config and not config.get("id2label"):
+        return ()
+    id2label = config.get("id2label") or {}
+    try:
+        by_index = {int(key): str(value) for key, value in id2label.items()}
+    except (TypeError, ValueError, AttributeError):
+        by_index = {}
+    if not by_index or sorted(by_index) != list(range(len(by_index))):
+        raise SettingsError(
+            "--labels",
+            None,
+            f"{folder / CONFIG_FILE} has no id2label with ids 0..N-1 (got {sorted(by_index)[:10]}).",
+            "Give --labels FILE with the class labels, one per line in output order.",
+        )
+    return tuple(by_index[i] for i in range(len(by_index)))
+
+
+def transformers_preprocess(folder: Path) -> PreprocessSpec:
+    """``preprocessor_config.json`` as a ``PreprocessSpec`` where it can be reproduced exactly: a shorter-side
+    resize then a center crop (ConvNeXt's and ResNet's processor below 384 px, processors with a center crop).
+    ViT's plain (height, width) resize squashes non-square photos, which vision-serve does not: an error
+    naming the flags to pass instead."""
+    path = folder / PREPROCESSOR_FILE
+    if not path.is_file():
+        raise SettingsError(
+            "--model", str(folder), f"{folder} has no {PREPROCESSOR_FILE}: its preprocessing is unknown.", FLAGS_HINT
+        )
+    cfg = read_json(path)
+    kind = cfg.get("image_processor_type", "?")
+    problems = []
+    size = cfg.get("size") or {}
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    resample = RESAMPLE_NAMES.get(cfg.get("resample", 2))
+    if resample is None:
+        problems.append(f"its resample is {cfg.get('resample')!r}")
+    if cfg.get("do_resize", True) is False or cfg.get("do_normalize", True) is False:
+        problems.append("it skips resizing or normalizing")
+    if cfg.get("do_rescale", True) and not math.isclose(float(cfg.get("rescale_factor", 1 / 255)), 1 / 255):
+        problems.append(f"its rescale_factor is {cfg.get('rescale_factor')}")
+    resize = crop = 0
+    if "shortest_edge" in size and "crop_pct" in cfg:  # ConvNextImageProcessor
+        edge, crop_pct = int(size["shortest_edge"]), cfg.get("crop_pct")
+        if edge >= 384 or crop_pct is None:  # warps to edge x edge, no crop
+            problems.append(f"{kind} resizes to {edge}x{edge} without keeping the aspect ratio")
+        else:
+            resize, crop = int(edge / crop_pct), edge
+    elif "shortest_edge" in size and cfg.get("do_center_crop"):  # e.g. CLIP/BiT-style: shorter side, then crop
+        crop_size = cfg.get("crop_size") or {}
+        crop_size = {"height": crop_size, "width": crop_size} if isinstance(crop_size, int) else crop_size
+        if crop_size.get("height") != crop_size.get("width"):
+            problems.append(f"its crop is not square ({crop_size})")
+        else:
+            resize, crop = int(size["shortest_edge"]), int(crop_size["height"])
+    else:
+        problems.append(
+            f"{kind} resizes to {size} without keeping the aspect ratio (vision-serve resizes the shorter side "
+            "and center-crops a square)"
+        )
+    if problems:
+        raise SettingsError(
+            "--model",
+            str(folder),
+            f"{folder}'s preprocessing ({kind}) cannot be served exactly: {'; '.join(problems)}.",
+            FLAGS_HINT,
+        )
+    return PreprocessSpec(
+        resize_size=resize,
+        crop_size=crop,
+        mean=tuple(cfg.get("image_mean") or (0.5, 0.5, 0.5)),
+        std=tuple(cfg.get("image_std") or (0.5, 0.5, 0.5)),
+        interpolation=resample,
+    )
+
+
+def folder_entry(model: str, kind: str, preprocess_overridden: bool = False):
+    """The ``ModelEntry`` of a saved folder. ``preprocess_overridden``: every preprocessing flag was
+    given, so a processor that cannot be reproduced is not an error."""
+    from compile.catalog import ModelEntry
+    from compile.model_source import served_name_of, timm_preprocess
+
+    folder = Path(model).expanduser().resolve()
+    config = read_json(folder / CONFIG_FILE)
+    labels = folder_labels(folder, config)
+    architecture = architecture_of(folder, kind)
+    try:
+        if kind == TIMM_FOLDER_FAMILY:
+            cfg = dict(config["pretrained_cfg"])
+            cfg.setdefault("input_size", (3, 224, 224))
+            preprocess = timm_preprocess(architecture, cfg)
+        else:
+            preprocess = transformers_preprocess(folder)
+    except SettingsError:
+        if not preprocess_overridden:
+            raise
+        preprocess = PreprocessSpec(256, 224, (0.5,) * 3, (0.5,) * 3)  # replaced by the flags
+    return ModelEntry(
+        name=served_name_of(folder.name),
+        family=kind,
+        preprocess=preprocess,
+        labels=labels,
+        labels_source=f"{folder / CONFIG_FILE}:{'label_names' if 'label_names' in config else 'id2label'}",
+        model=str(folder),
+    )
+
+
+class LogitsOnly(nn.Module):
+    """A transformers classifier as a plain images -> logits module, the contract every backend takes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=images).logits
+
+
+def load_folder_model(entry) -> tuple[nn.Module, Path]:
+    """The folder's model in eval mode on the CPU with its saved weights, and the weights file."""
+    folder = Path(entry.model)
+    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+    if weights is None:
+        raise SettingsError(
+            "--model", str(folder), f"{folder} holds no model.safetensors or pytorch_model.bin.", "Save it again."
+        )
+    if entry.family == TIMM_FOLDER_FAMILY:
+        from compile.model_source import import_timm
+
+        model = import_timm().create_model(
+            architecture_of(folder, entry.family), pretrained=False, num_classes=entry.num_classes
+        )
+        model.load_state_dict(read_state_dict(weights))
+        return model.eval(), weights
+    try:
+        from transformers import AutoModelForImageClassification
+    except ImportError:
+        raise SettingsError(
+            "--model",
+            str(folder),
+            f"{folder} is a transformers model: it needs transformers.",
+            "pip install 'vision-serve[hf]'.",
+        ) from None
+    model = AutoModelForImageClassification.from_pretrained(str(folder), local_files_only=True)
+    if model.config.num_labels != entry.num_classes:
+        raise SettingsError(
+            "--labels",
+            entry.labels_source,
+            f"{entry.labels_source} has {entry.num_classes} labels, but {folder} outputs {model.config.num_labels}.",
+            "Give the labels file the model was trained with.",
+        )
+    return LogitsOnly(model).eval(), weights
+
+
+def read_state_dict(path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
