@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import re
 from pathlib import Path
 
 from compile import _defaults
@@ -35,7 +33,8 @@ from compile.model_files import ModelFileFacts, model_file_format, read_model_fi
 from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
 from compile.pretrained_folders import FOLDER_FAMILIES, folder_entry, folder_kind
 from compile.settings_errors import SettingsError
-from preprocessing.spec import SUPPORTED_INTERPOLATIONS, PreprocessSpec
+from compile.timm_support import import_timm, served_name_of, timm_preprocess
+from preprocessing.spec import PreprocessSpec
 
 
 def model_kind(model: str) -> str:
@@ -107,12 +106,6 @@ def labels_from(labels: str) -> tuple[tuple[str, ...], str]:
     return read_labels(path), f"file:{path}"
 
 
-def served_name_of(text: str) -> str:
-    """A name that fits ``MODEL_NAME_PATTERN``, made from a file stem or a timm name."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:128]
-    return name or "model"
-
-
 def file_entry(request: ModelRequest, facts: ModelFileFacts) -> ModelEntry:
     """A model file's entry: preprocessing from the flags (all of them given), labels still to come."""
     missing = [f for f in PREPROCESS_FLAGS if not getattr(request, f)]
@@ -168,46 +161,3 @@ def timm_entry(name: str) -> ModelEntry:
         labels_source=_defaults.IMAGENET_LABELS_SOURCE if classes == len(imagenet_labels()) else "",
         model=_defaults.TIMM_PREFIX + name,
     )
-
-
-def timm_preprocess(name: str, config: dict) -> PreprocessSpec:
-    """timm's eval transform (``transforms_imagenet_eval``, crop mode ``center``) as a ``PreprocessSpec``:
-    resize the shorter side to ``floor(size / crop_pct)``, center-crop ``size``, normalize."""
-    _, height, width = config["input_size"]
-    crop_mode = config.get("crop_mode") or "center"
-    crop_pct = config.get("crop_pct") or _defaults.TIMM_DEFAULT_CROP_PCT
-    interpolation = config.get("interpolation") or "bilinear"
-    problems = []
-    if height != width:
-        problems.append(f"its input is {height}x{width}, not square")
-    if crop_mode != "center":
-        problems.append(f"its crop mode is {crop_mode!r}, not 'center'")
-    if interpolation not in SUPPORTED_INTERPOLATIONS:
-        problems.append(f"its interpolation is {interpolation!r}")
-    if problems:
-        raise SettingsError(
-            "--model",
-            f"{_defaults.TIMM_PREFIX}{name}",
-            f"timm:{name}'s preprocessing cannot be served exactly: {'; '.join(problems)}. vision-serve resizes the "
-            f"shorter side, center-crops a square and interpolates {'/'.join(SUPPORTED_INTERPOLATIONS)}.",
-            "Pass --resize-size, --crop-size and --interpolation to serve it with those instead.",
-        )
-    return PreprocessSpec(
-        resize_size=math.floor(height / crop_pct),
-        crop_size=height,
-        mean=tuple(config["mean"]),
-        std=tuple(config["std"]),
-        interpolation=interpolation,
-    )
-
-
-def import_timm():
-    """timm, or a ``SettingsError`` saying how to install it (an optional extra)."""
-    try:
-        import timm
-        import timm.data
-    except ImportError:
-        raise SettingsError(
-            "--model", "timm:<name>", "--model timm:<name> needs timm.", "pip install 'vision-serve[timm]'."
-        ) from None
-    return timm

@@ -152,7 +152,7 @@ def folder_entry(model: str, kind: str, preprocess_overridden: bool = False):
     """The ``ModelEntry`` of a saved folder. ``preprocess_overridden``: every preprocessing flag was
     given, so a processor that cannot be reproduced is not an error."""
     from compile.catalog import ModelEntry
-    from compile.model_source import served_name_of, timm_preprocess
+    from compile.timm_support import served_name_of, timm_preprocess
 
     folder = Path(model).expanduser().resolve()
     config = read_json(folder / CONFIG_FILE)
@@ -199,7 +199,7 @@ def load_folder_model(entry) -> tuple[nn.Module, Path]:
             "--model", str(folder), f"{folder} holds no model.safetensors or pytorch_model.bin.", "Save it again."
         )
     if entry.family == TIMM_FOLDER_FAMILY:
-        from compile.model_source import import_timm
+        from compile.timm_support import import_timm
 
         model = import_timm().create_model(
             architecture_of(folder, entry.family), pretrained=False, num_classes=entry.num_classes

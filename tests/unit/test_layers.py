@@ -77,11 +77,12 @@ COMPILE_LAYERS: list[tuple[str, ...]] = [
         "compile.manifest",
         "compile.labels",
         "compile.model_files",
+        "compile.timm_support",
     ),
     # what an engine is and its batch-dynamic export: below both the quantizers and the backends
     ("compile.engine", "compile.batch_export"),
-    # where a model comes from: the catalog, a model file or hub, its weights
-    ("compile.catalog", "compile.model_source", "compile.weights"),
+    # where a model comes from: the catalog, a model file, a saved folder or hub, its weights
+    ("compile.catalog", "compile.pretrained_folders", "compile.model_source", "compile.weights"),
     # the calibration sets and the quantizers, which the backends call and which never call them
     ("compile.quantization",),
     ("compile.backends",),
