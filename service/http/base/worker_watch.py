@@ -85,7 +85,7 @@ class WorkerWatch:
         else:
             # Again at every poll: a request may have picked a worker just before this process saw
             # that it is no longer ready, and sent it there after.
-            self.apply(self.states)
+            self.fail_unready()
 
     def follow_table(self, table: RoutingTable) -> None:
         """Take a newly published routing table: the workers' states, then retire, forget, acknowledge."""
@@ -105,6 +105,10 @@ class WorkerWatch:
         longer ready holds (it died and is restarted, or it crashed while draining) get a 503."""
         self.states = dict(states)
         self.ready_workers = [worker_id for worker_id, state in self.states.items() if state == READY]
+        self.fail_unready()
+
+    def fail_unready(self) -> None:
+        """Answer with 503 what this process sent to a worker that is not ready."""
         for worker_id, state in self.states.items():
             if state != READY:
                 failed = self._channel.fail_worker(worker_id, worker_crashed_answer())

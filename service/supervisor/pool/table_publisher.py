@@ -16,6 +16,8 @@ from service.repository.table import RoutingTable, TableFile, VersionRoute
 logger = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 10.0
+# How often the publisher's thread, with no change to publish, looks whether the server stops.
+STOP_CHECK_S = 1.0
 ACK_POLL_S = 0.01
 
 # The table's content: model name -> version -> route, and the draining worker ids.
@@ -63,7 +65,7 @@ class TablePublisher:
 
     def _publish_changes(self) -> None:
         while not self.stopping.is_set():
-            if self._changed.wait(ACK_TIMEOUT_S):
+            if self._changed.wait(STOP_CHECK_S):
                 self._changed.clear()
                 self.publish()
 
