@@ -13,8 +13,10 @@ moves one fails there, by name, instead of somewhere in the request path.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from multiprocessing.managers import SyncManager
 from multiprocessing.process import BaseProcess
@@ -25,6 +27,8 @@ from fastapi import FastAPI
 from litserve.transport.factory import create_transport_from_config
 
 from service.parent_watch import exit_with_parent
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_LITSERVE = "0.2.19"
 
@@ -144,6 +148,27 @@ class LitServerBridge(ls.LitServer):
             exit_with_parent(main_pid)
         async with self.http_process(app, app.response_queue_id):
             yield
+
+    def _perform_graceful_shutdown(
+        self, manager: object, uvicorn_workers: dict[str, Any], shutdown_reason: str = "normal"
+    ) -> None:
+        # LitServe sends SIGTERM to its HTTP processes one at a time, each once the one before has
+        # drained: the others keep accepting on the shared socket meanwhile, and the drains add up.
+        # Here all are told at once, then joined against one deadline; LitServe's own method then
+        # does the rest (its transport, the workers, the manager) with no HTTP process left to stop.
+        http_processes = [p for p in uvicorn_workers.values() if isinstance(p, BaseProcess) and p.is_alive()]
+        for process in http_processes:
+            process.terminate()
+        deadline = time.monotonic() + self.uvicorn_graceful_timeout
+        for process in http_processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                logger.warning(
+                    "%s did not finish its requests within %g s: killed.", process.name, self.uvicorn_graceful_timeout
+                )
+                process.kill()
+        others = {name: worker for name, worker in uvicorn_workers.items() if not isinstance(worker, BaseProcess)}
+        super()._perform_graceful_shutdown(manager, others, shutdown_reason)
 
     def _start_worker_monitoring(self, manager: object, uvicorn_workers: object) -> None:
         self.start_worker_monitor()

@@ -21,13 +21,18 @@ HOLD_TIMEOUT_S = 60.0
 
 
 @contextlib.contextmanager
-def worker_held(pid: int) -> Iterator[None]:
-    """The worker process stopped for the block; resumed after it, also on error."""
-    os.kill(pid, signal.SIGSTOP)
+def worker_held(*pids: int) -> Iterator[None]:
+    """The worker processes stopped for the block; resumed after it, also on error.
+
+    Hold every worker that serves the route: one left running answers the requests meant to queue.
+    """
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = HOLD_TIMEOUT_S) -> None:

@@ -203,13 +203,18 @@ def test_prometheus_scrapes_the_container_with_the_projects_config(
         process.wait(timeout=30)
 
 
-def host_pid_of_worker(container: Container) -> int:
-    """The inference worker's PID on this host (multiprocessing's spawned child), for SIGSTOP/SIGCONT."""
+def host_pids_of_workers(container: Container) -> list[int]:
+    """The inference workers' PIDs on this host (multiprocessing's spawned children), for SIGSTOP/SIGCONT.
+
+    All of them: the image serves with the default workers per device, and more than one.
+    """
+    pids = []
     for line in podman("top", container.name, "hpid", "args").splitlines()[1:]:
         hpid, args = line.split(None, 1)
         if "spawn_main" in args:
-            return int(hpid)
-    raise AssertionError(f"no inference worker in {container.name}")
+            pids.append(int(hpid))
+    assert pids, f"no inference worker in {container.name}"
+    return pids
 
 
 def test_podman_stop_answers_every_request_in_flight(
@@ -222,9 +227,9 @@ def test_podman_stop_answers_every_request_in_flight(
     held = 8
     try:
         container.wait_answering("/ready", FIRST_START_TIMEOUT_S)
-        worker = host_pid_of_worker(container)
+        workers = host_pids_of_workers(container)
         with httpx.Client(base_url=container.url, timeout=90) as client, ThreadPoolExecutor(held) as pool:
-            with worker_held(worker):
+            with worker_held(*workers):
                 futures = [pool.submit(client.post, "/predict", content=chelsea_jpeg) for _ in range(held)]
                 wait_until(lambda: in_flight(container.url) >= held, "every request is admitted")
                 stopping = pool_stop(container)

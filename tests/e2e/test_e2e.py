@@ -18,9 +18,9 @@ import pytest
 from service.client.cli import main as classify_main
 from service.client.launcher import ServerProcess, free_port
 from service.client.vision_client import ClassifyError, VisionClient
-from tests.conftest import CAT_LABELS, encode, sample_array
+from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
 from tests.worker_hold import in_flight as admitted
-from tests.worker_hold import wait_until
+from tests.worker_hold import wait_until, worker_held
 
 LITE = ["--model", "efficientnet-lite0", "--max-batch-size", "8"]
 
@@ -149,6 +149,38 @@ def test_stop_answers_in_flight_requests_and_leaves_no_process(tmp_path, sample_
     assert not still_running(children)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)
+
+
+def accepts(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def test_sigterm_stops_every_http_process_at_once(tmp_path, sample_files) -> None:
+    """With two HTTP processes on the one socket, SIGTERM closes it in both while requests are still
+    held (the worker stopped), not in one after the other has drained; then every request is answered."""
+    args = [*LITE, "--api-servers", "2", "--workers-per-device", "1"]
+    server = ServerProcess(args, log_path=tmp_path / "server.log").start()
+    image = sample_files["chelsea"].read_bytes()
+    try:
+        (worker,) = inference_workers(server)
+        with httpx.Client(base_url=server.url, timeout=60) as client, ThreadPoolExecutor(8) as pool:
+            with worker_held(worker.pid):
+                held = [pool.submit(client.post, "/predict", content=image) for _ in range(8)]
+                wait_until(lambda: admitted(server.url) >= 8, "all are admitted")
+                server.process.send_signal(signal.SIGTERM)
+                # Within seconds, and no connection then gets in (either process could have taken it).
+                wait_until(lambda: not accepts(server.url), "the server stops accepting", timeout=10)
+                assert not any(accepts(server.url) for _ in range(5))
+            answers = [future.result(timeout=60) for future in held]
+        code = server.process.wait(timeout=60)
+    finally:
+        server.stop()
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+    assert code == 0, server.log_tail()
 
 
 def test_sigkill_of_the_main_process_leaves_no_process(tmp_path) -> None:

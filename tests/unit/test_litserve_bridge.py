@@ -85,6 +85,7 @@ def test_hook_signatures_are_the_ones_the_bridge_overrides() -> None:
     assert parameters(server._register_api_endpoints) == ["lit_api", "request_type", "response_type"]
     assert parameters(server.lifespan) == ["app"]
     assert parameters(server._start_worker_monitoring) == ["manager", "uvicorn_workers"]
+    assert parameters(server._perform_graceful_shutdown) == ["manager", "uvicorn_workers", "shutdown_reason"]
     assert parameters(server.launch_inference_worker) == ["lit_api"]
     assert "num_api_servers" in parameters(server.run)
 
@@ -122,6 +123,9 @@ def test_graceful_shutdown_stops_uvicorn_before_the_workers() -> None:
     # The order that lets in-flight requests get answers: the bridge's request_stop relies on it.
     source = inspect.getsource(ls.LitServer._perform_graceful_shutdown)
     assert source.index("uvicorn_workers") < source.index("self.inference_workers")
+    # The bridge stops the HTTP processes itself, then hands LitServe's method an empty set of them.
+    assert "if len(uvicorn_workers) > 0:" in source
+    assert "self.uvicorn_graceful_timeout" in source
 
 
 def test_in_process_start_runs_the_hooks_and_launches_our_workers() -> None:
