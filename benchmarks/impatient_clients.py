@@ -3,6 +3,7 @@ the images the server decoded and ran for nobody, for one or more source trees o
 
     python -m benchmarks.impatient_clients --trees before=/tmp/base,after=.      # 2 rounds, 30 s each
     python -m benchmarks.impatient_clients --trees after=. --rounds 1 --seconds 10 # smoke
+    python -m benchmarks.impatient_clients --trees ignores=/tmp/base,honours=. --deadline-header
 
 Each ``--trees`` entry is a checkout of vision-serve (``git worktree add /tmp/base <commit>``); its
 server runs with that tree first on PYTHONPATH, on the same machine, model and flags as the others.
@@ -12,9 +13,16 @@ a fresh server gets an open-loop Poisson stream of clients at ``--overload`` tim
 Each client posts one photo and waits at most ``--client-timeout-s`` (then it closes its connection,
 as an HTTP client's timeout does) and tries again at once, at most ``--attempts`` times in all; after a
 503 it waits the Retry-After the server gave (1 s), as a polite client does. Goodput counts the
-clients answered 200 in time. After the stream stops, the server is left to finish what it holds;
-``vision_serve_images_total`` then says how many images it ran, and those beyond the answers clients
-received were run for nobody.
+clients answered 200 in time.
+
+With ``--deadline-header`` each attempt also says how long the client waits (``X-Request-Timeout-Ms``,
+its timeout), and the client, trusting the server to answer by then, gives up only
+``DEADLINE_GRACE_S`` later: a server that honours the header answers 504 at the deadline and drops the
+image unrun; one that does not keeps it until the client leaves. A 200 after the deadline is late,
+not goodput; after a 504 the client tries again at once.
+
+After the stream stops, the server is left to finish what it holds; ``vision_serve_images_total``
+then says how many images it ran, and those beyond the answers clients received were run for nobody.
 
 Results: ``impatient-clients.json`` and ``impatient-clients.md`` in the results folder.
 """
@@ -50,6 +58,8 @@ MODEL = "efficientnet-lite0"
 # A batch of 8 takes a fraction of the 1 s client timeout on 2 cores (one of 32 takes about all of it).
 MAX_BATCH = 8
 DRAIN_TIMEOUT_S = 120.0
+# How long after its deadline a client that sent one still waits for the server's answer (its 504).
+DEADLINE_GRACE_S = 0.25
 
 
 @dataclass
@@ -92,9 +102,11 @@ class ImpatientClients:
 
     def __init__(self, port: int, photos: Sequence[bytes], args: argparse.Namespace, outcome: Outcome) -> None:
         self.port, self.args, self.outcome = port, args, outcome
+        deadline = f"x-request-timeout-ms: {round(args.client_timeout_s * 1e3)}\r\n" if args.deadline_header else ""
+        self.wait_s = args.client_timeout_s + (DEADLINE_GRACE_S if args.deadline_header else 0.0)
         self.requests = [
             b"POST /predict HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: image/jpeg\r\n"
-            + f"content-length: {len(photo)}\r\nconnection: close\r\n\r\n".encode()
+            + f"content-length: {len(photo)}\r\n{deadline}connection: close\r\n\r\n".encode()
             + photo
             for photo in photos
         ]
@@ -117,17 +129,21 @@ class ImpatientClients:
         for _ in range(self.args.attempts):
             sent = time.perf_counter()
             try:
-                status, retry_after = await asyncio.wait_for(self.post(request), self.args.client_timeout_s)
+                status, retry_after = await asyncio.wait_for(self.post(request), self.wait_s)
             except TimeoutError:
                 self.outcome.attempts["timeout"] += 1  # post's finally closed the connection: the client left
                 continue
             except OSError as exc:
                 self.outcome.attempts[type(exc).__name__] += 1
                 continue
+            waited = time.perf_counter() - sent
+            if status == 200 and waited > self.args.client_timeout_s:
+                self.outcome.attempts["200 late"] += 1  # past the deadline it sent: of no use to it
+                continue
             self.outcome.attempts[str(status)] += 1
             if status == 200:
                 self.outcome.answered += 1
-                self.outcome.answered_latency_ms.append((time.perf_counter() - sent) * 1e3)
+                self.outcome.answered_latency_ms.append(waited * 1e3)
                 return
             if status == 503:  # shed: wait as the server says (Retry-After), as clients do
                 await asyncio.sleep(retry_after)
@@ -151,6 +167,7 @@ def counters(url: str) -> dict[str, float]:
     wanted = (
         "vision_serve_images_total",
         "vision_serve_requests_abandoned_total",
+        "vision_serve_requests_expired_total",
         "vision_serve_images_unclaimed_total",
     )
     values: dict[str, float] = Counter()
@@ -240,7 +257,11 @@ def format_table(outcomes: list[Outcome], capacity: float, names: list[str]) -> 
         answered = statistics.median(o.answered / o.clients for o in mine if o.clients)
         run = statistics.median(o.images_run for o in mine)
         nobody = statistics.median(o.run_for_nobody for o in mine)
-        dropped = statistics.median(o.server_counts.get("vision_serve_requests_abandoned_total", 0.0) for o in mine)
+        dropped = statistics.median(
+            o.server_counts.get("vision_serve_requests_abandoned_total", 0.0)
+            + o.server_counts.get("vision_serve_requests_expired_total", 0.0)
+            for o in mine
+        )
         latencies = [ms for o in mine for ms in o.answered_latency_ms]
         p50 = statistics.median(latencies) if latencies else float("nan")
         lines.append(
@@ -260,6 +281,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--overload", type=float, default=2.0, help="client arrivals per second / capacity")
     parser.add_argument("--client-timeout-s", type=float, default=1.0)
     parser.add_argument("--attempts", type=int, default=3, help="tries per client, the first included")
+    parser.add_argument(
+        "--deadline-header",
+        action="store_true",
+        help="clients send X-Request-Timeout-Ms (their timeout) and wait for the server's answer a little longer",
+    )
     parser.add_argument(
         "--server-args", default="", help='more flags for every server, e.g. "--max-queue 32 --request-timeout-s 0.8"'
     )
@@ -294,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = (
         f"# Impatient clients ({MODEL}, max batch {MAX_BATCH} {' '.join(args.server_args)}; "
         f"capacity {capacity:.1f} img/s; clients at "
-        f"{args.overload:g}x, timeout {args.client_timeout_s:g} s, {args.attempts} attempts)\n\n"
+        f"{args.overload:g}x, timeout {args.client_timeout_s:g} s, {args.attempts} attempts"
+        f"{', deadline sent in X-Request-Timeout-Ms' if args.deadline_header else ''})\n\n"
         f"`{command}`\n\n{table}\n"
     )
     record = {

@@ -81,7 +81,7 @@ def images_per_second(model: BatchedModel, requests: list[ImageRequest], depth: 
         for uid, request in enumerate(requests):
             sender.send(pickle.dumps(RequestBatch(0, [uid], [request])))
         time.sleep(0.2)  # let the local socket deliver them all before the clock starts
-        collector = BatchCollector(worker, BatchPolicy(BATCH, 0.0, 600.0, depth))
+        collector = BatchCollector(worker, BatchPolicy(BATCH, 0.0, pipeline_depth=depth))
         runner = BatchRunner(model, worker, 0)
         stop = threading.Event()
         if depth > 1:

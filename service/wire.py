@@ -35,6 +35,13 @@ class ImageRequest:
     # The W3C traceparent of the HTTP process's span for this image when the request is traced
     # (service/tracing/), so the worker's spans join its trace; None when not traced.
     trace_parent: str | None = None
+    # time.monotonic() after which nobody waits for the answer (the client's deadline or the server's
+    # --request-timeout-s, whichever ends first): the worker drops the image unrun. None: never.
+    deadline: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """Whether the deadline passed by ``now`` (``time.monotonic()``)."""
+        return self.deadline is not None and now > self.deadline
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,6 @@ class VisionLitServer(LitServerBridge):
         policy = BatchPolicy(
             max_batch_size=settings.max_batch_size,
             batch_timeout_s=settings.batch_timeout_ms / 1000,
-            request_timeout_s=settings.request_timeout_s,
             pipeline_depth=settings.pipeline_depth,
         )
         return WorkerEntry(settings, GreedyBatchedLoop(self.channels, policy, self.running), self.model_path)

@@ -39,6 +39,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -133,14 +134,15 @@ class WorkerChannel:
         if batch.final:
             self._finished.add(batch.api_server)
 
-    def take_expired(self, max_age_s: float) -> list[QueuedRequest]:
-        """The received requests queued longer than ``max_age_s``, taken out (to be answered 504)."""
-        return self._received.take_expired(max_age_s)
+    def take_expired(self) -> list[QueuedRequest]:
+        """The received requests whose deadline passed, taken out (to be answered 504)."""
+        return self._received.take_expired()
 
     def read_cancels(self) -> int:
         """Take in the cancels the HTTP processes sent; returns how many requests they name. Those queued
         here are dropped now, the others when taken (``abandoned``)."""
-        named = dropped = 0
+        named = 0
+        dropped: list[QueuedRequest] = []
         while True:
             try:
                 message: AbandonedRequests = pickle.loads(self._cancels.recv(zmq.NOBLOCK))
@@ -149,7 +151,7 @@ class WorkerChannel:
             named += len(message.uids)
             dropped += self._received.cancel(message.api_server, message.uids)
         if dropped:
-            metrics().requests_abandoned.labels(where="worker").inc(dropped)
+            count_dropped(dropped)
         return named
 
     def abandoned(self, queued: QueuedRequest) -> bool:
@@ -159,9 +161,11 @@ class WorkerChannel:
     def drop_abandoned(self, batch: list[QueuedRequest]) -> list[QueuedRequest]:
         """``batch`` without the requests whose client left, by the cancels read now."""
         self.read_cancels()
-        kept = [queued for queued in batch if not self._received.abandoned(queued)]
-        if len(kept) < len(batch):
-            metrics().requests_abandoned.labels(where="worker").inc(len(batch) - len(kept))
+        kept, dropped = [], []
+        for queued in batch:
+            (dropped if self._received.abandoned(queued) else kept).append(queued)
+        if dropped:
+            count_dropped(dropped)
         self._received.forget_matched()
         return kept
 
@@ -190,6 +194,17 @@ class WorkerChannel:
     def close(self, linger_ms: int = 0) -> None:
         """Close the sockets; answers still queued get ``linger_ms`` to leave."""
         self._context.destroy(linger=linger_ms)
+
+
+def count_dropped(dropped: Collection[QueuedRequest]) -> None:
+    """Count requests a worker dropped on their cancel: expired if their deadline passed (the HTTP
+    process answered them 504), else abandoned (their client left)."""
+    now = time.monotonic()
+    expired = sum(queued.request.expired(now) for queued in dropped)
+    if expired:
+        metrics().requests_expired.inc(expired)
+    if len(dropped) > expired:
+        metrics().requests_abandoned.labels(where="worker").inc(len(dropped) - expired)
 
 
 def _push_socket(context: zmq.Context, address: str) -> zmq.Socket:
@@ -341,9 +356,9 @@ class ApiChannel:
                 for uid in outbox.uids:
                     self._settle(uid, overloaded)
 
-    def abandon(self, uids: Collection[int]) -> None:
-        """These requests' client left: stop waiting for them, and drop the ones not answered yet
-        (from this turn's message if not sent, else through their worker's cancel channel)."""
+    def abandon(self, uids: Collection[int], expired: bool = False) -> None:
+        """Nobody waits for these (their client left; ``expired``: their deadline passed): drop the ones
+        not answered yet, from this turn's message if not sent, else through their worker's cancels."""
         dropped_here = 0
         for uid in uids:
             entry = self._take(uid)
@@ -355,7 +370,8 @@ class ApiChannel:
             else:
                 self._cancels.add(worker_id, uid)
         if dropped_here:
-            metrics().requests_abandoned.labels(where="http").inc(dropped_here)
+            counter = metrics().requests_expired if expired else metrics().requests_abandoned.labels(where="http")
+            counter.inc(dropped_here)
         if self._cancels and not self._flush_scheduled:
             self._schedule_flush(asyncio.get_running_loop())
 

@@ -15,8 +15,9 @@ leave also say the queue has grown older than they wait: first come, first serve
 the oldest, who give up as their answer is computed, while the newest give up waiting behind them.
 So while clients keep leaving (for ``LEAVING_FOR_S``, then until ``NEWEST_FIRST_HOLD_S`` after the
 last one left), batches take the newest requests first (Facebook's "adaptive LIFO"); the oldest
-are dropped when their clients leave, or answered 504 at their deadline. Requests whose deadline
-passed while queued are answered 504 here and left out of the batch;
+are dropped when their clients leave, or answered 504 at their deadline. A deadline that passes in
+the queue (the client's own, or --request-timeout-s) says the same as a client leaving. Requests
+whose deadline passed while queued are answered 504 here and left out of the batch;
 ``ExpiredRequestLog`` counts them in ``vision_serve_requests_expired_total`` and logs them as one
 summary line at most every few seconds.
 """
@@ -50,7 +51,7 @@ class BatchCollector:
     def __init__(self, channel: WorkerChannel, policy: BatchPolicy) -> None:
         self.channel = channel
         self.policy = policy
-        self.expired = ExpiredRequestLog(policy.request_timeout_s)
+        self.expired = ExpiredRequestLog()
         # time.monotonic(): until when to take the newest first; since when, and when last, clients left.
         self.newest_first_until = self.leaving_since = self.last_left = 0.0
 
@@ -63,9 +64,9 @@ class BatchCollector:
         newest = time.monotonic() < self.newest_first_until
         if newest:  # the oldest wait at the far end: answer them when their deadline passes
             channel.read_pending()
-            self._answer_expired(channel.take_expired(policy.request_timeout_s))
+            self._answer_expired(channel.take_expired())
         batch: list[QueuedRequest] = []
-        abandoned = 0
+        abandoned = expired = 0
         first_taken = window_ends = None
         while len(batch) < policy.max_batch_size:
             if first_taken is None:
@@ -88,16 +89,17 @@ class BatchCollector:
                 first_taken = time.monotonic()
                 if channel.read_cancels():  # once per batch: each read is a system call
                     self.clients_leaving()
-            queued_at = queued.request.queued_at
-            if queued_at is not None and time.monotonic() - queued_at > policy.request_timeout_s:
+            if queued.request.expired(time.monotonic()):
                 # Its client already got a 504 from the HTTP process: do not run it.
                 self._answer_expired([queued])
+                expired += 1
             elif channel.abandoned(queued):
                 abandoned += 1  # its client left: nobody waits for an answer, and its place goes to another
             else:
                 batch.append(queued)
         if abandoned:
             metrics().requests_abandoned.labels(where="worker").inc(abandoned)
+        if abandoned or expired:  # a deadline that passed in the queue says what a client leaving does
             self.clients_leaving()
         # Again at the end, for cancels sent while this batch was collected (its window, if any).
         return channel.drop_abandoned(batch) if batch else batch
@@ -125,8 +127,7 @@ class ExpiredRequestLog:
     """How many requests were dropped for their deadline: counted in the metric at once, logged as
     one warning per ``EXPIRED_LOG_INTERVAL_S`` at most (an overload drops many)."""
 
-    def __init__(self, request_timeout_s: float) -> None:
-        self.request_timeout_s = request_timeout_s
+    def __init__(self) -> None:
         self._unlogged = 0
         self._logged_at = 0.0
 
@@ -136,10 +137,9 @@ class ExpiredRequestLog:
         now = time.monotonic()
         if now - self._logged_at >= EXPIRED_LOG_INTERVAL_S:
             logger.warning(
-                "Dropped %d request(s) that waited longer than the %g s deadline (--request-timeout-s) before "
-                "running: the server is overloaded. Counted in vision_serve_requests_expired_total.",
+                "Dropped %d request(s) whose deadline (their client's, or --request-timeout-s) passed before "
+                "they ran: the server is overloaded. Counted in vision_serve_requests_expired_total.",
                 self._unlogged,
-                self.request_timeout_s,
             )
             self._unlogged = 0
             self._logged_at = now

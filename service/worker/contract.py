@@ -49,7 +49,6 @@ class BatchPolicy:
 
     max_batch_size: int = _defaults.MAX_BATCH_SIZE
     batch_timeout_s: float = _defaults.BATCH_TIMEOUT_MS / 1000
-    request_timeout_s: float = _defaults.REQUEST_TIMEOUT_S
     pipeline_depth: int = 1  # batches in flight: 1 runs each start to end, 2+ prepare ahead
 
     def __post_init__(self) -> None:

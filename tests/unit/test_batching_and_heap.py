@@ -40,11 +40,10 @@ class Wire:
     answers: zmq.Socket
     in_transit: int = 0  # requests sent that the worker's channel may not hold yet
 
-    def put(self, n: int, start: int = 0, queued_at: float | None = None, wait: bool = True) -> None:
+    def put(self, n: int, start: int = 0, deadline: float | None = None, wait: bool = True) -> None:
         """Send ``n`` requests, one per message; ``wait``: until the worker holds all sent so far."""
         for i in range(start, start + n):
-            at = time.monotonic() if queued_at is None else queued_at
-            request = ImageRequest(f"request-{i}".encode(), queued_at=at)
+            request = ImageRequest(f"request-{i}".encode(), queued_at=time.monotonic(), deadline=deadline)
             self.sender.send(pickle.dumps(RequestBatch(0, [f"uid-{i}"], [request])))  # one per message
         self.in_transit += n
         if wait:
@@ -87,10 +86,8 @@ def wire(tmp_path: Path) -> Iterator[Wire]:
     context.destroy(linger=0)
 
 
-def _collector(
-    wire: Wire, max_batch_size: int = 4, batch_timeout_s: float = 0.0, request_timeout_s: float = 30.0
-) -> BatchCollector:
-    return BatchCollector(wire.worker, BatchPolicy(max_batch_size, batch_timeout_s, request_timeout_s))
+def _collector(wire: Wire, max_batch_size: int = 4, batch_timeout_s: float = 0.0) -> BatchCollector:
+    return BatchCollector(wire.worker, BatchPolicy(max_batch_size, batch_timeout_s))
 
 
 def contents(batch: list[QueuedRequest]) -> list[tuple[int, str, bytes]]:
@@ -132,11 +129,11 @@ def expired_count() -> float:
 
 
 def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplog) -> None:
-    collector = _collector(wire, request_timeout_s=30)
+    collector = _collector(wire)
     before = expired_count()
     for _ in range(2):  # two rounds: the second drop is counted but not logged again so soon
-        wire.put(1, queued_at=time.monotonic() - 60, wait=False)
-        wire.put(1, start=1)
+        wire.put(1, deadline=time.monotonic() - 0.001, wait=False)
+        wire.put(1, start=1, deadline=time.monotonic() + 60)
         assert [m.uid for m in collector.get_batch()] == ["uid-1"]
     assert [(uid, answer.status_code) for uid, answer in wire.answered()] == [("uid-0", 504), ("uid-0", 504)]
     assert expired_count() == before + 2

@@ -19,15 +19,18 @@ from service.worker.contract import BatchPolicy
 TIMEOUT_S = 5.0
 
 
-def batch_of(api_server: int, uids: list[int], queued_at: float | None = None) -> RequestBatch:
-    at = time.monotonic() if queued_at is None else queued_at
-    return RequestBatch(api_server, uids, [ImageRequest(f"{api_server}-{uid}".encode(), queued_at=at) for uid in uids])
+def batch_of(api_server: int, uids: list[int], deadline: float | None = None) -> RequestBatch:
+    return RequestBatch(
+        api_server,
+        uids,
+        [ImageRequest(f"{api_server}-{uid}".encode(), queued_at=time.monotonic(), deadline=deadline) for uid in uids],
+    )
 
 
 def test_a_cancel_drops_a_queued_request_at_once_and_waits_for_one_not_received_yet() -> None:
     queue = WorkerQueue()
     queue.add(batch_of(0, [1, 2, 3]))
-    assert queue.cancel(0, [2, 5]) == 1 and len(queue) == 2
+    assert [q.uid for q in queue.cancel(0, [2, 5])] == [2] and len(queue) == 2
     queue.forget_matched()
     assert queue._cancelled == {(0, 5)}, "2 was dropped; 5 is still to come"
     queue.add(batch_of(0, [4, 5]))
@@ -54,8 +57,8 @@ def test_a_cancel_names_a_request_of_its_own_http_process_only() -> None:
     queue = WorkerQueue()
     queue.add(batch_of(0, [1, 2]))
     queue.add(batch_of(1, [1, 2]))
-    assert queue.cancel(1, [2]) == 1, "only process 1's uid 2 was queued for this cancel"
-    assert queue.cancel(0, [3]) == 0, "received from neither process yet"
+    assert len(queue.cancel(1, [2])) == 1, "only process 1's uid 2 was queued for this cancel"
+    assert queue.cancel(0, [3]) == [], "received from neither process yet"
     queue.forget_matched()
     queue.add(batch_of(1, [3]))
     queue.add(batch_of(0, [3]))
@@ -100,11 +103,22 @@ def test_a_cancel_through_the_channels_drops_its_own_http_process_s_request_only
 
 def test_take_newest_and_take_expired() -> None:
     queue = WorkerQueue()
-    queue.add(batch_of(0, [1, 2], queued_at=time.monotonic() - 10))
-    queue.add(batch_of(0, [3, 4]))
+    queue.add(batch_of(0, [1, 2], deadline=time.monotonic() - 0.001))
+    queue.add(batch_of(0, [3, 4], deadline=time.monotonic() + 60))
     assert queue.take(newest=True).uid == 4
-    assert [q.uid for q in queue.take_expired(5.0)] == [1, 2]
+    assert [q.uid for q in queue.take_expired()] == [1, 2]
     assert [queue.take().uid] == [3]
+
+
+def test_take_expired_finds_short_deadlines_behind_long_ones() -> None:
+    """Clients set their own deadlines: a request that expired may wait behind one that has not."""
+    queue = WorkerQueue()
+    queue.add(batch_of(0, [1], deadline=time.monotonic() + 60))
+    queue.add(batch_of(0, [2], deadline=time.monotonic() - 0.001))
+    queue.add(batch_of(0, [3]))  # no deadline (the worker's own warm-up): never expires
+    queue.add(batch_of(1, [1], deadline=time.monotonic() - 0.001))
+    assert [(q.api_server, q.uid) for q in queue.take_expired()] == [(0, 2), (1, 1)]
+    assert [queue.take().uid for _ in range(len(queue))] == [1, 3]
 
 
 def test_batches_take_the_newest_first_while_clients_leave_and_the_oldest_first_otherwise(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from service.errors import (
     UnsupportedMediaType,
 )
 from service.http.base.auth import ApiKeyAuth
+from service.http.base.deadlines import GRPC_DEADLINE, TIMEOUT_PARAMETER, ClientDeadline, parameter_timeout_s
 from service.http.base.observer import NO_ANSWER, client_request_id, log_access
 from service.http.oip.infer import run_infer
 from service.http.oip.tensors import (
@@ -138,12 +139,21 @@ def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) 
             parse_output(output.name, True, None if classification is None else parameter_value(classification))
         )
     top_k = request.parameters.get(TOP_K_PARAMETER)
+    timeout = request.parameters.get(TIMEOUT_PARAMETER)
     return InferCall(
         images,
         oip_top_k(None if top_k is None else parameter_value(top_k)),
         outputs or all_outputs(binary=True),
         request.id or None,
+        parameter_timeout_s(None if timeout is None else parameter_value(timeout)),
     )
+
+
+def grpc_deadline(context: grpc.aio.ServicerContext) -> ClientDeadline:
+    """The call's gRPC deadline, as the request pipeline takes a client's; none if it set none."""
+    deadline = ClientDeadline()
+    deadline.tighten(context.time_remaining(), GRPC_DEADLINE)
+    return deadline
 
 
 def start_model_infer_span(
@@ -222,13 +232,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         status, code = 200, grpc.StatusCode.OK
         trace = start_model_infer_span(request, context, request_id) if TRACING.on else None
+        deadline = grpc_deadline(context)
         try:
             self._check_key(context)
 
             async def parse() -> InferCall:
                 return parse_grpc_request(request, self.pipeline.limits.max_images_per_request)
 
-            outcome = await run_infer(self.pipeline, request.model_name, request.model_version, parse)
+            outcome = await run_infer(self.pipeline, request.model_name, request.model_version, parse, None, deadline)
             route = outcome.route
             with stage_span("answer"):
                 tensors = build_outputs(outcome.parsed, outcome.answers)
@@ -236,8 +247,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             status, code = exc.status, grpc_status(exc)
             await context.abort(code, exc.message)
         except asyncio.CancelledError:
-            # The client cancelled or left, as HTTP counts it.
-            status, code = int(NO_ANSWER), grpc.StatusCode.CANCELLED
+            # The client cancelled or left, as HTTP counts it; or grpc ended the call at its deadline.
+            if deadline.passed():
+                status, code = DeadlineExceeded.status, grpc.StatusCode.DEADLINE_EXCEEDED
+            else:
+                status, code = int(NO_ANSWER), grpc.StatusCode.CANCELLED
             raise
         except Exception:
             status, code = 500, grpc.StatusCode.UNKNOWN  # the traceback is logged by grpc

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, http_headers
+from service.http.base.deadlines import TIMEOUT_PARAMETER, header_deadline, parameter_timeout_s
 from service.http.base.infer_paths import model_in_path
 from service.http.base.limits import read_body
 from service.http.base.server_timing import server_timing
@@ -115,7 +116,8 @@ def parse_infer_body(body: bytes, header_length: str | None, max_images: int) ->
             )
     request_id = request.get("id")
     top_k = oip_top_k(parameters.get(TOP_K_PARAMETER))
-    return InferCall(images, top_k, requested, request_id if isinstance(request_id, str) else None)
+    timeout_s = parameter_timeout_s(parameters.get(TIMEOUT_PARAMETER))
+    return InferCall(images, top_k, requested, request_id if isinstance(request_id, str) else None, timeout_s)
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -205,7 +207,8 @@ class OipInferEndpoint:
             )
             return parse_infer_body(body, request.headers.get(HEADER_LENGTH), limits.max_images_per_request)
 
-        outcome = await run_infer(self.pipeline, name, version, parse, departure_of(request.scope))
+        deadline = header_deadline(request.headers)
+        outcome = await run_infer(self.pipeline, name, version, parse, departure_of(request.scope), deadline)
         call, route = outcome.parsed, outcome.route
         with stage_span("answer"):  # traced requests (service/tracing/)
             content, header_length = encode_infer_response(

@@ -64,6 +64,7 @@ class InferCall:
     top_k: int
     outputs: list[RequestedOutput]
     request_id: str | None = None
+    timeout_s: float | None = None  # the request's ``timeout`` parameter (service/http/base/deadlines.py)
 
     @property
     def worker_top_k(self) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from service.http.base.deadlines import ClientDeadline
 from service.http.cache.front import from_cache
 from service.repository.table import VersionRoute
 from service.request_scope import Departure
@@ -42,6 +43,10 @@ class Ask(NamedTuple):
     # request. None: a refused image is answered its own error and the others run (``/predict``'s
     # many images).
     on_refused: Callable[[Any, list[Answer | None]], None] | None = None
+    # When the client stops waiting, as its request said (service/http/base/deadlines.py); a parse
+    # may tighten it (the Open Inference Protocol's ``timeout`` parameter is in the body). None: the
+    # server's own --request-timeout-s only.
+    deadline: ClientDeadline | None = None
 
     @property
     def pinned(self) -> bool:

@@ -18,7 +18,6 @@ from service.http.pipeline.checks import refusals
 from service.http.pipeline.submit import CLIENT_LEFT, Submission
 from service.metrics import metrics
 from service.repository.table import RoutingTable, VersionRoute
-from service.request_scope import Departure
 from service.tracing import stage_span
 from service.transport.channels import ApiChannel
 from service.wire import Answer
@@ -58,7 +57,7 @@ class RequestPipeline:
         Raises ``ServiceError``: 404 for a version not served, the parse's 4xx, ``ask.on_refused``'s,
         503 when no worker is ready or the images do not fit under ``--max-queue`` now, 413 if they
         never could, 499 (``ClientClosed``) when the client left. An image without an answer by the
-        deadline gets a 504 ``Answer``.
+        deadline (the client's, ``ask.deadline``, else ``--request-timeout-s``) gets a 504 ``Answer``.
         """
         self.route(ask.model, ask.version)  # a model not served is a 404 before the upload
         with stage_span("parse"):  # traced requests (service/tracing/)
@@ -90,7 +89,7 @@ class RequestPipeline:
         milliseconds from the lookup to the last answer, and the version that answered."""
         cache = self.cache
         if cache is None:
-            answers, total_ms = await self._admit_and_submit(images, top_k, route, ask.departure)
+            answers, total_ms = await self._admit_and_submit(images, top_k, route, ask)
             return answers, total_ms, route
         lookup = await look_up(cache, images, top_k, route)  # hits answered before any admission or decode
         if not lookup.missing:  # every image a hit
@@ -101,15 +100,15 @@ class RequestPipeline:
         route = self._table().current(route, ask.pinned)
         lookup = for_route(cache, lookup, images, top_k, route)
         missing = lookup.missing
-        ran, total_ms = await self._admit_and_submit([images[i] for i in missing], top_k, route, ask.departure)
+        ran, total_ms = await self._admit_and_submit([images[i] for i in missing], top_k, route, ask)
         return keep(cache, lookup, missing, ran), lookup.ms + total_ms, route
 
     async def _admit_and_submit(
-        self, images: Sequence[bytes], top_k: int, route: VersionRoute, departure: Departure | None
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask
     ) -> tuple[list[Answer], float]:
         """Admit the images under the server-wide gate, submit them to ``route``'s ready workers, and
         release their slots once answered."""
-        channel, watch = self.channel, self.watch
+        channel, watch, departure = self.channel, self.watch, ask.departure
         ready = watch.ready_in(route) if watch is not None and channel is not None else ()
         if departure is not None and departure.gone:
             raise ClientClosed(CLIENT_LEFT.detail)
@@ -117,7 +116,7 @@ class RequestPipeline:
             raise Unavailable(NO_WORKER_READY)
         self.gate.admit(len(images))
         try:
-            answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure)
+            answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure, ask.deadline)
         finally:
             self.gate.release(len(images))
         metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))

@@ -3,7 +3,8 @@
 Each image is its own batch item: the workers batch images, not requests, so a request of 64 images
 fills two batches of 32 and shares them with other requests. A client that leaves while they wait
 (its connection closes: service/request_scope.py; its gRPC call is cancelled) has them dropped
-wherever they are, unrun.
+wherever they are, unrun; so does one whose deadline passes (its own, service/http/base/deadlines.py,
+or the server's --request-timeout-s), and it is answered 504 at that moment.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 
 from service.errors import ClientClosed, DeadlineExceeded
+from service.http.base.deadlines import CANCEL_SLACK_S, ClientDeadline
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.request_scope import Departure
@@ -28,9 +30,10 @@ CLIENT_LEFT = answer_for(ClientClosed("The client left before its answer was rea
 
 
 class Submission:
-    """Sends each image to a worker and waits for every answer until ``timeout_s``. One per HTTP
-    process's pipeline: its uids are unique in the process, which is all the answers need (they come
-    back to this process only)."""
+    """Sends each image to a worker and waits for every answer until its deadline: the client's if it
+    set one (service/http/base/deadlines.py), capped by ``timeout_s`` (``--request-timeout-s``). One
+    per HTTP process's pipeline: its uids are unique in the process, which is all the answers need
+    (they come back to this process only)."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -43,6 +46,7 @@ class Submission:
         images: Sequence[bytes],
         top_k: int,
         departure: Departure | None,
+        deadline: ClientDeadline | None = None,
     ) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order (a 504 ``Answer`` for one not answered by the
         deadline, ``CLIENT_LEFT`` once ``departure`` is told), and the milliseconds from the submit
@@ -50,34 +54,40 @@ class Submission:
         # The whole wait in one span, so that current_traceparent() below names it (traced requests,
         # service/tracing/): the workers' spans become its children.
         with wait_span():
-            # The worker drops images older than the deadline instead of running them, so timed-out
-            # work does not pile up.
             queued_at = time.monotonic()
+            expiry = Expiry(queued_at + self.timeout_s, self.timeout_s, deadline)
+            if expiry.at <= queued_at:  # the client's deadline passed in this process (a slow upload)
+                return expiry.answer_all(len(images)), 0.0
             request_id = REQUEST_ID.get()
             trace_parent = current_traceparent()  # None unless the request is traced
             uids = [next(self._uids) for _ in images]
             left = True  # until every answer is in: an exception or a cancellation on the way means nobody waits
             try:
-                futures = []
+                futures = expiry.futures
                 for uid, image in zip(uids, images, strict=True):
                     # Picked per image: each pick counts the images before it, so several workers share a request.
                     worker_id = channel.pick_worker(ready)
-                    request = ImageRequest(image, top_k, queued_at, request_id, trace_parent)
+                    # The worker drops an image past its deadline instead of running it (its answer
+                    # is already out), so timed-out work does not pile up.
+                    request = ImageRequest(image, top_k, queued_at, request_id, trace_parent, expiry.at)
                     futures.append(channel.submit(worker_id, uid, request))
                 # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
-                expiry = asyncio.get_running_loop().call_later(self.timeout_s, _expire, futures, self.timeout_s)
+                timer = asyncio.get_running_loop().call_later(expiry.at - queued_at, expiry)
                 if departure is not None:
                     departure.listener = functools.partial(_settle_all, futures, CLIENT_LEFT)
                 try:
                     answers = [await future for future in futures]
                     left = departure is not None and departure.gone
                 finally:
-                    expiry.cancel()
+                    timer.cancel()
                     if departure is not None:
                         departure.listener = None
             finally:
-                if left:
-                    channel.abandon(uids)  # what is still queued for them is dropped unrun
+                if left or expiry.fired:
+                    # What is still queued for them is dropped unrun: in this process if not sent yet,
+                    # else by their worker, told on its cancel channel. Counted as expired once the
+                    # deadline passed, whoever noticed first (gRPC cancels a call at its deadline too).
+                    channel.abandon(uids, expired=expiry.fired or time.monotonic() >= expiry.at - CANCEL_SLACK_S)
                 else:
                     for uid in uids:
                         channel.forget(uid)  # a late answer then finds no one waiting and is dropped
@@ -87,14 +97,38 @@ class Submission:
         return answers, total_ms
 
 
-def _expire(futures: Sequence[asyncio.Future[Answer]], timeout_s: float) -> None:
-    timed_out = answer_for(
-        DeadlineExceeded(
-            f"No answer within the {timeout_s:g} s deadline (--request-timeout-s): the server is overloaded "
-            "or its batches are too slow."
+class Expiry:
+    """The deadline of one submission: the client's if it ends first, else the server's; as a timer
+    callback, it answers every image not answered yet with a 504 that says which deadline passed."""
+
+    __slots__ = ("_client", "_server_timeout_s", "at", "fired", "futures")
+
+    def __init__(self, server_at: float, server_timeout_s: float, client: ClientDeadline | None) -> None:
+        use_client = client is not None and client.at is not None and client.at < server_at
+        self.at: float = client.at if use_client else server_at  # type: ignore[union-attr,assignment]
+        self._client = client if use_client else None
+        self._server_timeout_s = server_timeout_s
+        self.fired = False
+        self.futures: list[asyncio.Future[Answer]] = []
+
+    def __call__(self) -> None:
+        self.fired = True
+        _settle_all(self.futures, self._answer())
+
+    def answer_all(self, count: int) -> list[Answer]:
+        """``count`` 504s, for images never submitted: counted as the workers count the ones they drop."""
+        metrics().requests_expired.inc(count)
+        return [self._answer()] * count
+
+    def _answer(self) -> Answer:
+        if self._client is not None:
+            return answer_for(DeadlineExceeded(self._client.detail()))
+        return answer_for(
+            DeadlineExceeded(
+                f"No answer within the {self._server_timeout_s:g} s deadline (--request-timeout-s): the server is "
+                "overloaded or its batches are too slow."
+            )
         )
-    )
-    _settle_all(futures, timed_out)
 
 
 def _settle_all(futures: Sequence[asyncio.Future[Answer]], answer: Answer) -> None:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.errors import InvalidInput, ServiceError, error_of_status
+from service.http.base.deadlines import header_deadline
 from service.http.pipeline.ask import Ask, Outcome
 from service.http.pipeline.pipeline import RequestPipeline
 from service.http.predict.parsing import PredictRequest, read_predict_request
@@ -111,8 +112,9 @@ class PredictEndpoint:
 
     async def handle(self, request: Request) -> Response:
         model, version = model_in_query(request)
+        deadline = header_deadline(request.headers)
         outcome = await self.pipeline.run(
-            Ask(model, version, departure_of(request.scope), on_refused=alone_fails_whole),
+            Ask(model, version, departure_of(request.scope), on_refused=alone_fails_whole, deadline=deadline),
             lambda: read_predict_request(request, self.pipeline.limits),
         )
         return self.answer_one(outcome) if not outcome.parsed.many else self.answer_many(outcome)

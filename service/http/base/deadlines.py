@@ -1,0 +1,95 @@
+"""Deadlines that clients set: how long a client will wait for its answer, read from the request.
+
+A client that gives up after 300 ms has no use for an image run at 400 ms. Each protocol says so its
+own way, and the request pipeline (service/http/pipeline/submit.py) takes the earliest of them and of
+the server's own ``--request-timeout-s``: at that moment the request is answered 504 and dropped
+unrun wherever it still waits, as the request of a client that left is.
+
+- HTTP, every inference route: ``X-Request-Timeout-Ms`` (this server's), and Envoy's
+  ``x-envoy-expected-rq-timeout-ms``, which Envoy and Istio set on what they forward;
+- the Open Inference Protocol's ``timeout`` request parameter, in microseconds, as Triton reads it
+  (tritonclient's ``infer(timeout=...)``), over HTTP and gRPC;
+- gRPC's own deadline (the client's ``timeout=`` / ``grpc-timeout``).
+
+Each counts from when the server received the request. 0 means none, as Triton reads ``timeout``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from service.errors import InvalidInput
+
+TIMEOUT_HEADER = "x-request-timeout-ms"
+ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
+TIMEOUT_PARAMETER = "timeout"  # the Open Inference Protocol's, in microseconds
+GRPC_DEADLINE = "the gRPC deadline"
+# A client's own timer ends its call before the server's copy of the deadline passes, by the time the
+# request took to arrive: a call cancelled this close to its deadline was ended by that deadline.
+CANCEL_SLACK_S = 0.05
+# More digits than any timeout needs: int() of a long digit string costs time, and 12 digits of
+# milliseconds are 30 years.
+MAX_DIGITS = 12
+
+
+@dataclass(slots=True)
+class ClientDeadline:
+    """When the client of one request stops waiting (``time.monotonic()``), and what said so.
+
+    ``at`` is ``None`` while no client deadline is known: the server's own timeout then applies.
+    """
+
+    received_at: float = field(default_factory=time.monotonic)
+    at: float | None = None
+    timeout_s: float = 0.0  # the one that set ``at``
+    source: str = ""  # and where it came from, for the 504's detail
+
+    def tighten(self, timeout_s: float | None, source: str) -> None:
+        """Take ``timeout_s`` (from ``received_at``) if it ends sooner than the deadline so far."""
+        if timeout_s is None:
+            return
+        at = self.received_at + timeout_s
+        if self.at is None or at < self.at:
+            self.at, self.timeout_s, self.source = at, timeout_s, source
+
+    def passed(self) -> bool:
+        """Whether the client's deadline has passed (``False`` when it set none)."""
+        return self.at is not None and time.monotonic() >= self.at - CANCEL_SLACK_S
+
+    def detail(self) -> str:
+        """The 504's detail when this deadline passes."""
+        return f"No answer within the client's {self.timeout_s * 1e3:g} ms deadline ({self.source})."
+
+
+def header_deadline(headers: Mapping[str, str]) -> ClientDeadline:
+    """The deadline an HTTP request's headers set (none if neither header is there); ``ServiceError``
+    400 for a value that is not a whole number of milliseconds."""
+    deadline = ClientDeadline()
+    for name in (TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER):
+        value = headers.get(name)
+        if value is not None:
+            deadline.tighten(_milliseconds(name, value), f"the {name} header")
+    return deadline
+
+
+def parameter_timeout_s(value: object) -> float | None:
+    """The ``timeout`` parameter (microseconds) in seconds; ``None`` if absent or 0; ``ServiceError``
+    400 unless it is a whole number >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(
+            f"Parameter '{TIMEOUT_PARAMETER}' must be a whole number of microseconds >= 0, got {value!r}."
+        )
+    return value / 1e6 if value else None
+
+
+def _milliseconds(name: str, value: str) -> float | None:
+    value = value.strip()
+    # isascii first: "²".isdigit() is true, and int() refuses it.
+    if not (value.isascii() and value.isdigit() and len(value) <= MAX_DIGITS):
+        raise InvalidInput(f"Header {name} must be a whole number of milliseconds >= 0, got {value[:40]!r}.")
+    milliseconds = int(value)
+    return milliseconds / 1e3 if milliseconds else None

@@ -1,0 +1,87 @@
+"""Deadlines clients set (service/http/base/deadlines.py) and which one a submission keeps
+(service/http/pipeline/submit.py ``Expiry``). Served end to end in tests/e2e/test_abandoned_requests.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from service.errors import ServiceError
+from service.http.base.deadlines import (
+    ENVOY_TIMEOUT_HEADER,
+    TIMEOUT_HEADER,
+    ClientDeadline,
+    header_deadline,
+    parameter_timeout_s,
+)
+from service.http.grpc.service import grpc_deadline
+from service.http.pipeline.submit import Expiry
+
+
+def test_the_earliest_header_wins_and_counts_from_receipt() -> None:
+    deadline = header_deadline({TIMEOUT_HEADER: "800", ENVOY_TIMEOUT_HEADER: "250"})
+    assert deadline.at == pytest.approx(deadline.received_at + 0.25)
+    assert deadline.detail() == f"No answer within the client's 250 ms deadline (the {ENVOY_TIMEOUT_HEADER} header)."
+
+
+@pytest.mark.parametrize("headers", [{}, {TIMEOUT_HEADER: "0"}, {ENVOY_TIMEOUT_HEADER: " 0 "}])
+def test_no_header_or_zero_sets_no_deadline(headers) -> None:
+    assert header_deadline(headers).at is None
+
+
+@pytest.mark.parametrize("value", ["", "1.5", "-3", "1e3", "²", "9" * 13, "300ms"])
+def test_a_header_that_is_not_whole_milliseconds_is_a_400(value) -> None:
+    with pytest.raises(ServiceError) as caught:
+        header_deadline({TIMEOUT_HEADER: value})
+    assert caught.value.status == 400 and TIMEOUT_HEADER in caught.value.message
+
+
+def test_the_timeout_parameter_is_microseconds_and_zero_is_none() -> None:
+    assert parameter_timeout_s(300_000) == pytest.approx(0.3)
+    assert parameter_timeout_s(0) is None and parameter_timeout_s(None) is None
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "300", [300]])
+def test_a_timeout_parameter_that_is_not_a_whole_number_is_a_400(value) -> None:
+    with pytest.raises(ServiceError) as caught:
+        parameter_timeout_s(value)
+    assert caught.value.status == 400 and "'timeout'" in caught.value.message
+
+
+def test_tighten_keeps_the_earliest() -> None:
+    deadline = ClientDeadline(received_at=100.0)
+    deadline.tighten(2.0, "a")
+    deadline.tighten(5.0, "b")
+    deadline.tighten(None, "c")
+    assert (deadline.at, deadline.source) == (102.0, "a")
+    deadline.tighten(1.0, "d")
+    assert (deadline.at, deadline.timeout_s, deadline.source) == (101.0, 1.0, "d")
+
+
+def test_a_submission_keeps_the_client_deadline_only_when_it_ends_before_the_servers() -> None:
+    sooner = ClientDeadline(received_at=100.0)
+    sooner.tighten(0.3, "the x-request-timeout-ms header")
+    assert Expiry(130.0, 30.0, sooner).at == pytest.approx(100.3)
+    later = ClientDeadline(received_at=100.0)
+    later.tighten(600.0, "the x-request-timeout-ms header")
+    assert Expiry(130.0, 30.0, later).at == 130.0, "capped by --request-timeout-s"
+    assert Expiry(130.0, 30.0, ClientDeadline(received_at=100.0)).at == 130.0
+    assert Expiry(130.0, 30.0, None).at == 130.0
+
+
+class CallContext:
+    """What ``grpc_deadline`` reads of a grpc.aio ServicerContext."""
+
+    def __init__(self, remaining: float | None) -> None:
+        self.remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+
+def test_a_grpc_deadline_is_the_calls_time_remaining() -> None:
+    assert grpc_deadline(CallContext(None)).at is None
+    deadline = grpc_deadline(CallContext(0.5))
+    assert deadline.at == pytest.approx(time.monotonic() + 0.5, abs=0.05)
+    assert "the gRPC deadline" in deadline.detail()
