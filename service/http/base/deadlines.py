@@ -17,7 +17,7 @@ Each counts from when the server received the request. 0 means none, as Triton r
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from service.errors import InvalidInput
@@ -26,6 +26,7 @@ TIMEOUT_HEADER = "x-request-timeout-ms"
 ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
 TIMEOUT_PARAMETER = "timeout"  # the Open Inference Protocol's, in microseconds
 GRPC_DEADLINE = "the gRPC deadline"
+_TIMEOUT_HEADERS = frozenset({TIMEOUT_HEADER.encode(), ENVOY_TIMEOUT_HEADER.encode()})
 # A client's own timer ends its call before the server's copy of the deadline passes, by the time the
 # request took to arrive: a call cancelled this close to its deadline was ended by that deadline.
 CANCEL_SLACK_S = 0.05
@@ -63,14 +64,16 @@ class ClientDeadline:
         return f"No answer within the client's {self.timeout_s * 1e3:g} ms deadline ({self.source})."
 
 
-def header_deadline(headers: Mapping[str, str]) -> ClientDeadline:
-    """The deadline an HTTP request's headers set (none if neither header is there); ``ServiceError``
-    400 for a value that is not a whole number of milliseconds."""
-    deadline = ClientDeadline()
-    for name in (TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER):
-        value = headers.get(name)
-        if value is not None:
-            deadline.tighten(_milliseconds(name, value), f"the {name} header")
+def header_deadline(raw_headers: Iterable[tuple[bytes, bytes]]) -> ClientDeadline | None:
+    """The deadline an HTTP request's headers set (the ASGI scope's, names lowercased), ``None`` if
+    neither header is there; ``ServiceError`` 400 for a value that is not a whole number of
+    milliseconds. One pass over the raw headers: most requests carry neither, and pay only that."""
+    deadline = None
+    for name, value in raw_headers:
+        if name in _TIMEOUT_HEADERS:
+            deadline = deadline or ClientDeadline()
+            text = name.decode("latin-1")
+            deadline.tighten(_milliseconds(text, value.decode("latin-1")), f"the {text} header")
     return deadline
 
 

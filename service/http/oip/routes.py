@@ -207,7 +207,7 @@ class OipInferEndpoint:
             )
             return parse_infer_body(body, request.headers.get(HEADER_LENGTH), limits.max_images_per_request)
 
-        deadline = header_deadline(request.headers)
+        deadline = header_deadline(request.scope["headers"])
         outcome = await run_infer(self.pipeline, name, version, parse, departure_of(request.scope), deadline)
         call, route = outcome.parsed, outcome.route
         with stage_span("answer"):  # traced requests (service/tracing/)

@@ -112,7 +112,7 @@ class PredictEndpoint:
 
     async def handle(self, request: Request) -> Response:
         model, version = model_in_query(request)
-        deadline = header_deadline(request.headers)
+        deadline = header_deadline(request.scope["headers"])
         outcome = await self.pipeline.run(
             Ask(model, version, departure_of(request.scope), on_refused=alone_fails_whole, deadline=deadline),
             lambda: read_predict_request(request, self.pipeline.limits),
