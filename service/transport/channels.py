@@ -39,7 +39,6 @@ import pickle
 import shutil
 import tempfile
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -141,18 +140,19 @@ class WorkerChannel:
     def read_cancels(self) -> int:
         """Take in the cancels the HTTP processes sent; returns how many requests they name. Those queued
         here are dropped now, the others when taken (``abandoned``)."""
-        named = 0
-        dropped: list[QueuedRequest] = []
+        by_api_server: dict[int, list[int]] = {}
         while True:
             try:
                 message: AbandonedRequests = pickle.loads(self._cancels.recv(zmq.NOBLOCK))
             except zmq.Again:
                 break
-            named += len(message.uids)
-            dropped += self._received.cancel(message.api_server, message.uids)
+            by_api_server.setdefault(message.api_server, []).extend(message.uids)
+        dropped = 0  # one pass over the queue per HTTP process, however many messages it sent
+        for api_server, uids in by_api_server.items():
+            dropped += self._received.cancel(api_server, uids)
         if dropped:
-            count_dropped(dropped)
-        return named
+            metrics().requests_abandoned.labels(where="worker").inc(dropped)
+        return sum(len(uids) for uids in by_api_server.values())
 
     def abandoned(self, queued: QueuedRequest) -> bool:
         """Whether ``queued``'s client left (as of the last ``read_cancels``): drop it, unanswered."""
@@ -161,11 +161,9 @@ class WorkerChannel:
     def drop_abandoned(self, batch: list[QueuedRequest]) -> list[QueuedRequest]:
         """``batch`` without the requests whose client left, by the cancels read now."""
         self.read_cancels()
-        kept, dropped = [], []
-        for queued in batch:
-            (dropped if self._received.abandoned(queued) else kept).append(queued)
-        if dropped:
-            count_dropped(dropped)
+        kept = [queued for queued in batch if not self._received.abandoned(queued)]
+        if len(kept) < len(batch):
+            metrics().requests_abandoned.labels(where="worker").inc(len(batch) - len(kept))
         self._received.forget_matched()
         return kept
 
@@ -194,17 +192,6 @@ class WorkerChannel:
     def close(self, linger_ms: int = 0) -> None:
         """Close the sockets; answers still queued get ``linger_ms`` to leave."""
         self._context.destroy(linger=linger_ms)
-
-
-def count_dropped(dropped: Collection[QueuedRequest]) -> None:
-    """Count requests a worker dropped on their cancel: expired if their deadline passed (the HTTP
-    process answered them 504), else abandoned (their client left)."""
-    now = time.monotonic()
-    expired = sum(queued.request.expired(now) for queued in dropped)
-    if expired:
-        metrics().requests_expired.inc(expired)
-    if len(dropped) > expired:
-        metrics().requests_abandoned.labels(where="worker").inc(len(dropped) - expired)
 
 
 def _push_socket(context: zmq.Context, address: str) -> zmq.Socket:
@@ -357,8 +344,8 @@ class ApiChannel:
                     self._settle(uid, overloaded)
 
     def abandon(self, uids: Collection[int], expired: bool = False) -> None:
-        """Nobody waits for these (their client left; ``expired``: their deadline passed): drop the ones
-        not answered yet, from this turn's message if not sent, else through their worker's cancels."""
+        """Nobody waits for these: drop the ones not answered yet, from this turn's message if not sent, else
+        by a cancel to their worker; ``expired`` ones (deadline passed) the worker drops by their deadline."""
         dropped_here = 0
         for uid in uids:
             entry = self._take(uid)
@@ -367,7 +354,7 @@ class ApiChannel:
             worker_id = entry[0]
             if unsend(self._outbox.get(worker_id), uid):
                 dropped_here += 1
-            else:
+            elif not expired:
                 self._cancels.add(worker_id, uid)
         if dropped_here:
             counter = metrics().requests_expired if expired else metrics().requests_abandoned.labels(where="http")

@@ -1,7 +1,6 @@
 """The requests an inference worker has received and not yet taken, and the ones whose client left.
 
-The HTTP processes name abandoned requests (their client left, or their deadline passed) on each
-worker's cancel channel, which overtakes the
+The HTTP processes name abandoned requests (their client left) on each worker's cancel channel, which overtakes the
 request channel: a cancel may come before, or after, the request it names. ``WorkerQueue`` keeps
 both: queued requests are dropped as soon as their cancel is read, and a cancel for a request not
 received yet waits for it. Uids rise within each HTTP process and each channel keeps its order, so
@@ -45,23 +44,24 @@ class WorkerQueue:
 
     def take_expired(self) -> list[QueuedRequest]:
         """The requests whose deadline has passed, wherever they are (deadlines differ from client to
-        client, so not only the oldest): taken out; the caller answers them."""
+        client, so not only the oldest): taken out, in one pass; the caller answers them."""
         now = time.monotonic()
-        expired = [queued for queued in self._queued if queued.request.expired(now)]
+        expired: list[QueuedRequest] = []
+        kept: deque[QueuedRequest] = deque()
+        for queued in self._queued:
+            (expired if queued.request.expired(now) else kept).append(queued)
         if expired:
-            self._queued = deque(queued for queued in self._queued if not queued.request.expired(now))
+            self._queued = kept
         return expired
 
-    def cancel(self, api_server: int, uids: Iterable[int]) -> list[QueuedRequest]:
-        """These requests' clients left, or their deadline passed: the ones queued here, now dropped."""
+    def cancel(self, api_server: int, uids: Iterable[int]) -> int:
+        """These requests' client left: how many of them were queued here (now dropped)."""
         self._cancelled.update((api_server, uid) for uid in uids)
-        if not self._queued:
-            return []
-        cancelled = self._cancelled
-        dropped = [q for q in self._queued if (q.api_server, q.uid) in cancelled]
-        if dropped:
+        before = len(self._queued)
+        if self._queued:
+            cancelled = self._cancelled
             self._queued = deque(q for q in self._queued if (q.api_server, q.uid) not in cancelled)
-        return dropped
+        return before - len(self._queued)
 
     def abandoned(self, queued: QueuedRequest) -> bool:
         """Whether ``queued`` (just taken) has a cancel: its client left."""

@@ -30,7 +30,7 @@ import time
 from service.errors import DeadlineExceeded
 from service.metrics import metrics
 from service.transport.channels import WorkerChannel
-from service.wire import QueuedRequest, answer_for
+from service.wire import ImageRequest, QueuedRequest, answer_for
 from service.worker.contract import BatchPolicy
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ EXPIRED_LOG_INTERVAL_S = 10.0
 # NEWEST_FIRST_HOLD_S after the last one left.
 LEAVING_FOR_S = 1.0
 NEWEST_FIRST_HOLD_S = 5.0
+# A request that expired in the queue says the queue is older than clients wait only if its client
+# waited a while: a client that sets a 1 ms deadline must not turn the order round for all the others.
+SIGNALLING_TIMEOUT_S = 0.25
 
 
 class BatchCollector:
@@ -89,10 +92,11 @@ class BatchCollector:
                 first_taken = time.monotonic()
                 if channel.read_cancels():  # once per batch: each read is a system call
                     self.clients_leaving()
-            if queued.request.expired(time.monotonic()):
+            request = queued.request
+            if request.expired(time.monotonic()):
                 # Its client already got a 504 from the HTTP process: do not run it.
                 self._answer_expired([queued])
-                expired += 1
+                expired += waited_a_while(request)
             elif channel.abandoned(queued):
                 abandoned += 1  # its client left: nobody waits for an answer, and its place goes to another
             else:
@@ -118,9 +122,15 @@ class BatchCollector:
 
     def _answer_expired(self, expired: list[QueuedRequest]) -> None:
         if expired:
-            timed_out = answer_for(DeadlineExceeded("Request timed out"))
+            # Seen only if the worker gets there before the HTTP process's own 504, which names the deadline.
+            timed_out = answer_for(DeadlineExceeded("The request's deadline passed while it was queued."))
             self.channel.answer_many([(queued, timed_out) for queued in expired])
             self.expired.add(len(expired))
+
+
+def waited_a_while(request: ImageRequest) -> bool:
+    """Whether ``request``'s deadline gave it at least ``SIGNALLING_TIMEOUT_S`` in the queue."""
+    return request.queued_at is not None and request.deadline - request.queued_at >= SIGNALLING_TIMEOUT_S
 
 
 class ExpiredRequestLog:

@@ -101,21 +101,24 @@ def test_images_of_clients_that_left_are_dropped_unrun_and_a_patient_client_is_a
     assert response.json()["predictions"][0]["index"] in range(281, 286)  # a cat
     time.sleep(0.5)  # a scrape after the worker's counters are written
     after = samples(server.url)
+    left = IMPATIENT_HTTP + IMPATIENT_GRPC
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
+    # A gRPC call carries its deadline: ended by it (grpc's cancel or the server's own timer, whichever
+    # comes first), it counts as expired, 504; a cancel that beats the server's copy of the deadline by
+    # more than CANCEL_SLACK_S, as a client that left, 499. Either way it is dropped unrun.
     assert (
         delta("vision_serve_requests_abandoned_total", where="worker")
         + delta("vision_serve_requests_abandoned_total", where="http")
-        == IMPATIENT_HTTP
+        + delta("vision_serve_requests_expired_total")
+        == left
     ), "every image of a client that left is dropped before its batch is prepared"
-    # A gRPC call carries its deadline: past it, the call expired rather than left.
-    assert delta("vision_serve_requests_expired_total") == IMPATIENT_GRPC
     assert delta("vision_serve_images_total") == 1, "only the patient client's image ran"
     assert delta("vision_serve_images_unclaimed_total") == 0
-    assert delta("vision_serve_requests_total", code="499") == IMPATIENT_HTTP, "each client that left is counted 499"
-    assert delta("vision_serve_requests_total", code="504") == IMPATIENT_GRPC
+    assert delta("vision_serve_requests_total", code="499") >= IMPATIENT_HTTP, "each client that left is counted 499"
+    assert delta("vision_serve_requests_total", code="499") + delta("vision_serve_requests_total", code="504") == left
     assert delta("vision_serve_requests_total", code="200") == 1
 
 
@@ -185,7 +188,8 @@ def test_a_deadline_that_passes_in_the_queue_is_answered_504_then_and_dropped_un
     # At the deadline, while the worker was still stopped: not at --request-timeout-s.
     assert DEADLINE_MS / 1e3 - 0.05 <= waited < REQUEST_TIMEOUT_S / 2, waited
     assert response.status_code == 200, "the request queued with it is answered"
-    time.sleep(0.5)  # a scrape after the worker's counters are written
+    wait_until(lambda: counted(server.url, "vision_serve_images_total", before) >= 1, "the patient image is counted")
+    time.sleep(0.5)  # and whatever else the worker would count for this batch
     after = samples(server.url)
     assert value(after, "vision_serve_images_total") - value(before, "vision_serve_images_total") == 1
     assert (
@@ -194,8 +198,14 @@ def test_a_deadline_that_passes_in_the_queue_is_answered_504_then_and_dropped_un
     assert value(after, "vision_serve_images_unclaimed_total") == value(before, "vision_serve_images_unclaimed_total")
 
 
+def counted(url: str, name: str, before: dict) -> float:
+    """How much counter ``name`` rose since ``before``."""
+    return value(samples(url), name) - value(before, name)
+
+
 def test_the_server_timeout_caps_a_client_deadline(server, coffee_jpeg) -> None:
     worker = inference_workers(server)[0]
+    before = samples(server.url)
     with worker_held(worker.pid):
         started = time.monotonic()
         response = httpx.post(
@@ -204,10 +214,13 @@ def test_the_server_timeout_caps_a_client_deadline(server, coffee_jpeg) -> None:
         waited = time.monotonic() - started
     assert response.status_code == 504 and "--request-timeout-s" in response.json()["detail"], response.text
     assert REQUEST_TIMEOUT_S - 0.1 <= waited < REQUEST_TIMEOUT_S + 5
+    # The worker, resumed, drops it: counted before the next test reads its own counts.
+    wait_until(lambda: counted(server.url, "vision_serve_requests_expired_total", before) >= 1, "the drop is counted")
 
 
-def test_a_deadline_that_passes_during_the_upload_is_answered_without_queueing(server, coffee_jpeg) -> None:
-    """The body arrives after the deadline: the HTTP process answers 504 and never sends the image."""
+def test_a_deadline_that_passes_during_the_upload_is_answered_504_and_never_run(server, coffee_jpeg) -> None:
+    """The body arrives after the deadline: the HTTP process answers 504 once it has read it (the
+    image is never sent to a worker; seen here as never run, and counted expired)."""
     before = samples(server.url)
     head = (
         f"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: image/jpeg\r\ncontent-length: {len(coffee_jpeg)}\r\n"

@@ -22,7 +22,7 @@ from service.metrics import metrics
 from service.transport.channels import ChannelConfig, WorkerChannel
 from service.wire import Answer, ImageRequest, QueuedRequest, RequestBatch
 from service.worker import collector as collecting
-from service.worker.collector import BatchCollector
+from service.worker.collector import LEAVING_FOR_S, BatchCollector
 from service.worker.contract import BatchPolicy
 from service.worker.loop import GreedyBatchedLoop
 from service.worker.pipeline import PipelinedRunner
@@ -139,6 +139,23 @@ def test_expired_requests_are_answered_504_counted_and_not_run(wire: Wire, caplo
     assert expired_count() == before + 2
     dropped = [r for r in caplog.records if r.name == "service.worker.collector" and "Dropped" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelname == "WARNING"
+
+
+def test_only_an_expiry_after_a_real_wait_turns_the_order_to_newest_first(wire: Wire) -> None:
+    """A client's 1 ms deadline passing says nothing of the queue's age; a 1 s one does."""
+    collector = _collector(wire)
+    collector.leaving_since = time.monotonic() - LEAVING_FOR_S - 1  # clients have been leaving a while
+    collector.last_left = time.monotonic()
+    wire.put(1, deadline=time.monotonic() - 0.001, wait=False)  # queued_at now: a timeout of about 0
+    wire.put(1, start=1, deadline=time.monotonic() + 60)
+    assert [m.uid for m in collector.get_batch()] == ["uid-1"]
+    assert collector.newest_first_until == 0.0, "a 1 ms deadline flipped the order"
+    request = ImageRequest(b"request-2", queued_at=time.monotonic() - 1.0, deadline=time.monotonic() - 0.001)
+    wire.sender.send(pickle.dumps(RequestBatch(0, ["uid-2"], [request])))
+    wire.in_transit += 1
+    wire.put(1, start=3, deadline=time.monotonic() + 60)
+    assert [m.uid for m in collector.get_batch()] == ["uid-3"]
+    assert collector.newest_first_until > time.monotonic(), "a request that waited 1 s and expired is a client leaving"
 
 
 class EchoModel:

@@ -30,6 +30,7 @@ _TIMEOUT_HEADERS = frozenset({TIMEOUT_HEADER.encode(), ENVOY_TIMEOUT_HEADER.enco
 # A client's own timer ends its call before the server's copy of the deadline passes, by the time the
 # request took to arrive: a call cancelled this close to its deadline was ended by that deadline.
 CANCEL_SLACK_S = 0.05
+MAX_TIMEOUT_US = 10**15  # 30 years: far past any --request-timeout-s, which caps it anyway
 # More digits than any timeout needs: int() of a long digit string costs time, and 12 digits of
 # milliseconds are 30 years.
 MAX_DIGITS = 12
@@ -82,9 +83,11 @@ def parameter_timeout_s(value: object) -> float | None:
     400 unless it is a whole number >= 0."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    # The cap: a JSON integer may have thousands of digits, which no float holds.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMEOUT_US:
         raise InvalidInput(
-            f"Parameter '{TIMEOUT_PARAMETER}' must be a whole number of microseconds >= 0, got {value!r}."
+            f"Parameter '{TIMEOUT_PARAMETER}' must be a whole number of microseconds from 0 to {MAX_TIMEOUT_US}, "
+            f"got {str(value)[:40]!r}."
         )
     return value / 1e6 if value else None
 

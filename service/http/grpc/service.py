@@ -156,6 +156,14 @@ def grpc_deadline(context: grpc.aio.ServicerContext) -> ClientDeadline:
     return deadline
 
 
+def cancelled_status(deadline: ClientDeadline) -> tuple[int, grpc.StatusCode]:
+    """How a cancelled call is counted: ended by its deadline (grpc cancels it then too), or its client
+    cancelled or left, as HTTP counts one that left."""
+    if deadline.passed():
+        return DeadlineExceeded.status, grpc.StatusCode.DEADLINE_EXCEEDED
+    return int(NO_ANSWER), grpc.StatusCode.CANCELLED
+
+
 def start_model_infer_span(
     request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext, request_id: str
 ) -> ServerSpan | None:
@@ -247,11 +255,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             status, code = exc.status, grpc_status(exc)
             await context.abort(code, exc.message)
         except asyncio.CancelledError:
-            # The client cancelled or left, as HTTP counts it; or grpc ended the call at its deadline.
-            if deadline.passed():
-                status, code = DeadlineExceeded.status, grpc.StatusCode.DEADLINE_EXCEEDED
-            else:
-                status, code = int(NO_ANSWER), grpc.StatusCode.CANCELLED
+            status, code = cancelled_status(deadline)
             raise
         except Exception:
             status, code = 500, grpc.StatusCode.UNKNOWN  # the traceback is logged by grpc
