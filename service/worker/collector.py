@@ -67,7 +67,10 @@ class BatchCollector:
         newest = time.monotonic() < self.newest_first_until
         if newest:  # the oldest wait at the far end: answer them when their deadline passes
             channel.read_pending()
-            self._answer_expired(channel.take_expired())
+            # Each one that waited a while keeps the order newest-first: the queue is still older than
+            # clients wait (the batches themselves take only new requests, which have not expired).
+            if self._answer_expired(channel.take_expired()):
+                self.clients_leaving()
         batch: list[QueuedRequest] = []
         abandoned = expired = 0
         first_taken = window_ends = None
@@ -95,8 +98,7 @@ class BatchCollector:
             request = queued.request
             if request.expired(time.monotonic()):
                 # Its client already got a 504 from the HTTP process: do not run it.
-                self._answer_expired([queued])
-                expired += waited_a_while(request)
+                expired += self._answer_expired([queued])
             elif channel.abandoned(queued):
                 abandoned += 1  # its client left: nobody waits for an answer, and its place goes to another
             else:
@@ -120,12 +122,16 @@ class BatchCollector:
         if now - self.leaving_since >= LEAVING_FOR_S:
             self.newest_first_until = now + NEWEST_FIRST_HOLD_S
 
-    def _answer_expired(self, expired: list[QueuedRequest]) -> None:
-        if expired:
-            # Seen only if the worker gets there before the HTTP process's own 504, which names the deadline.
-            timed_out = answer_for(DeadlineExceeded("The request's deadline passed while it was queued."))
-            self.channel.answer_many([(queued, timed_out) for queued in expired])
-            self.expired.add(len(expired))
+    def _answer_expired(self, expired: list[QueuedRequest]) -> int:
+        """Answer ``expired`` 504 and count them; how many of them say clients are leaving
+        (``waited_a_while``)."""
+        if not expired:
+            return 0
+        # Seen only if the worker gets there before the HTTP process's own 504, which names the deadline.
+        timed_out = answer_for(DeadlineExceeded("The request's deadline passed while it was queued."))
+        self.channel.answer_many([(queued, timed_out) for queued in expired])
+        self.expired.add(len(expired))
+        return sum(waited_a_while(queued.request) for queued in expired)
 
 
 def waited_a_while(request: ImageRequest) -> bool:
