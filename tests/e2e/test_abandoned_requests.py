@@ -203,6 +203,7 @@ def counted(url: str, name: str, before: dict) -> float:
     return value(samples(url), name) - value(before, name)
 
 
+@pytest.mark.slow  # waits out the 6 s server deadline; tests/unit/test_deadlines.py checks the cap itself
 def test_the_server_timeout_caps_a_client_deadline(server, coffee_jpeg) -> None:
     worker = inference_workers(server)[0]
     before = samples(server.url)

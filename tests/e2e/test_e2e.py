@@ -159,6 +159,8 @@ def accepts(url: str) -> bool:
     return True
 
 
+# A server of its own, 25 s; the container's stop test (slow tier too) fails without it as well.
+@pytest.mark.slow
 def test_sigterm_stops_every_http_process_at_once(tmp_path, sample_files) -> None:
     """With two HTTP processes on the one socket, SIGTERM closes it in both while requests are still
     held (the worker stopped), not in one after the other has drained; then every request is answered."""
