@@ -95,8 +95,7 @@ class BatchCollector:
                 first_taken = time.monotonic()
                 if channel.read_cancels():  # once per batch: each read is a system call
                     self.clients_leaving()
-            request = queued.request
-            if request.expired(time.monotonic()):
+            if queued.request.expired(time.monotonic()):
                 # Its client already got a 504 from the HTTP process: do not run it.
                 expired += self._answer_expired([queued])
             elif channel.abandoned(queued):

@@ -58,11 +58,17 @@ class ClientDeadline:
 
     def passed(self) -> bool:
         """Whether the client's deadline has passed (``False`` when it set none)."""
-        return self.at is not None and time.monotonic() >= self.at - CANCEL_SLACK_S
+        return self.at is not None and ended_by(self.at)
 
     def detail(self) -> str:
         """The 504's detail when this deadline passes."""
         return f"No answer within the client's {self.timeout_s * 1e3:g} ms deadline ({self.source})."
+
+
+def ended_by(deadline_at: float) -> bool:
+    """Whether a call cancelled now was ended by the deadline ``deadline_at`` (``time.monotonic()``),
+    within ``CANCEL_SLACK_S``."""
+    return time.monotonic() >= deadline_at - CANCEL_SLACK_S
 
 
 def header_deadline(raw_headers: Iterable[tuple[bytes, bytes]]) -> ClientDeadline | None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from service.errors import ClientClosed, DeadlineExceeded
-from service.http.base.deadlines import CANCEL_SLACK_S, ClientDeadline
+from service.http.base.deadlines import ClientDeadline, ended_by
 from service.logs import REQUEST_ID
 from service.metrics import metrics
 from service.request_scope import Departure
@@ -84,10 +84,11 @@ class Submission:
                         departure.listener = None
             finally:
                 if left or expiry.fired:
-                    # What is still queued for them is dropped unrun: in this process if not sent yet,
-                    # else by their worker, told on its cancel channel. Counted as expired once the
-                    # deadline passed, whoever noticed first (gRPC cancels a call at its deadline too).
-                    channel.abandon(uids, expired=expiry.fired or time.monotonic() >= expiry.at - CANCEL_SLACK_S)
+                    # What is still queued for them is dropped unrun: in this process if not sent yet, else
+                    # by their worker (told on its cancel channel when the client left; past the deadline
+                    # it drops them by their own). Expired once the deadline passed, whoever noticed
+                    # first (gRPC cancels a call at its deadline too).
+                    channel.abandon(uids, expired=expiry.fired or ended_by(expiry.at))
                 else:
                     for uid in uids:
                         channel.forget(uid)  # a late answer then finds no one waiting and is dropped
