@@ -11,8 +11,10 @@ Each round measures, in turn (the order alternates from round to round):
 - every server configuration: ``defaults`` (the artifact or model and nothing else), ``one worker``
   (``--workers-per-device 1``: the layout vision-serve had before it chose one) and each ``--config``.
   Each is loaded by ``wrk`` (a C load generator that costs little CPU; the same photo in every request)
-  at ``--connections`` for ``--duration`` seconds, then at one connection for the latency of a lone
-  request;
+  at ``--connections``; its throughput is the server's own count of images answered over about
+  ``--duration`` seconds, timed from one batch's answers to another's as the bound is
+  (benchmarks/harness/answered.py; wrk's own count, short by up to a batch's time, is kept beside
+  it). Then one connection, for the latency of a lone request;
 - the bound: no server, no HTTP. ``P`` processes, each decoding the photo the servers get with Pillow
   on ``T`` threads and running the engine on ``T`` threads, a batch of ``--bound-batch`` at a time,
   for ``--duration`` seconds; every layout with ``P x T`` = the usable cores, the best one is the bound.
@@ -25,6 +27,7 @@ against ``one worker``'s.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import logging
 import multiprocessing
 import shlex
@@ -39,6 +42,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.frontend import image_request, run_wrk
+from benchmarks.harness.answered import steady_rate
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from benchmarks.harness.suite import markdown_table
 from service.client.launcher import ServerProcess
@@ -51,13 +55,15 @@ logger = logging.getLogger(__name__)
 DEFAULTS = "defaults"
 ONE_WORKER = "one worker"
 WARMUP_S = 5.0
+SETTLE_S = 5.0  # seconds of load before the rate's clock starts
 SERVER_FLAGS = ("--log-level", "warning", "--request-timeout-s", "120", "--max-queue", "4096")
 
 
 @dataclass(frozen=True)
 class ServerRun:
     label: str
-    images_per_s: float
+    images_per_s: float  # the server's count, batch to batch (benchmarks/harness/answered.py)
+    wrk_images_per_s: float  # wrk's count over its whole run, for comparison
     p50_ms: float
     p99_ms: float
     lone_p50_ms: float
@@ -88,12 +94,20 @@ def measure_server(label: str, extra: Sequence[str], args: argparse.Namespace, w
     with ServerProcess(command, log_path=log, base_env=without_setting_variables(), with_parent=True) as server:
         info = httpx.get(f"{server.url}/info", timeout=10).json()["server"]
         run_wrk(server.url, request, args.connections, WARMUP_S, work)
-        loaded = run_wrk(server.url, request, args.connections, args.duration, work)
+        # The rate from the server's own count, from one batch's answers to another's, while wrk runs
+        # on before and after (benchmarks/harness/answered.py: wrk's own count is short by a batch).
+        load_s = SETTLE_S + args.duration + args.batch_slack_s
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            wrk = pool.submit(run_wrk, server.url, request, args.connections, load_s, work)
+            time.sleep(SETTLE_S)
+            steady = steady_rate(server.url, args.duration, timeout_s=args.batch_slack_s)
+            loaded = wrk.result()
         lone = run_wrk(server.url, request, 1, args.lone_duration, work)
     seconds = loaded["duration_us"] / 1e6
     return ServerRun(
         label=label,
-        images_per_s=round(loaded["requests"] / seconds, 1),
+        images_per_s=round(steady.images_per_s, 2),
+        wrk_images_per_s=round(loaded["requests"] / seconds, 2),
         p50_ms=round(loaded["p50_us"] / 1e3, 1),
         p99_ms=round(loaded["p99_us"] / 1e3, 1),
         lone_p50_ms=round(lone["p50_us"] / 1e3, 2),
@@ -174,7 +188,7 @@ def summarize(rounds: list[dict]) -> dict:
         runs = [next(r for r in one["servers"] if r["label"] == label) for one in rounds]
         servers[label] = {
             key: statistics.median(run[key] for run in runs)
-            for key in ("images_per_s", "p50_ms", "p99_ms", "lone_p50_ms")
+            for key in ("images_per_s", "wrk_images_per_s", "p50_ms", "p99_ms", "lone_p50_ms")
         } | {
             "errors": sum(run["errors"] for run in runs),
             "layout": f"{runs[0]['workers_per_device']} x {runs[0]['engine_threads']}",
@@ -218,6 +232,7 @@ def markdown(record: dict) -> str:
             label,
             s["layout"],
             f"{s['images_per_s']:.1f}",
+            f"{s['wrk_images_per_s']:.1f}",
             f"{s['p99_ms']:.0f}",
             f"{s['of_bound']:.2f}",
             f"{s['of_best']:.2f}",
@@ -227,8 +242,8 @@ def markdown(record: dict) -> str:
         ]
         for label, s in summary["servers"].items()
     ]
-    header = ["server", "workers x threads", "img/s", "p99 ms", "of bound", "of best", "1-conn p50 ms",
-              "p50 vs one worker", "errors"]  # fmt: skip
+    header = ["server", "workers x threads", "img/s", "wrk's img/s", "p99 ms", "of bound", "of best",
+              "1-conn p50 ms", "p50 vs one worker", "errors"]  # fmt: skip
     lines += [markdown_table(header, rows), ""]
     bound_rows = [[layout, f"{rate:.1f}"] for layout, rate in summary["bound"].items()]
     lines += [markdown_table(["bound: processes x threads", "img/s"], bound_rows), ""]
@@ -245,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per measurement")
     parser.add_argument("--lone-duration", type=float, default=10.0, help="seconds at one connection")
+    parser.add_argument(
+        "--batch-slack-s", type=float, default=10.0, help="the longest a batch takes: the load runs this much longer"
+    )
     parser.add_argument("--bound-batch", type=int, default=16)
     parser.add_argument("--bound-load-s", type=float, default=20.0, help="seconds the bound's processes get to load")
     parser.add_argument("--label", default="", help="names the output files (default: the model)")

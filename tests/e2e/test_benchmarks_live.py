@@ -9,12 +9,16 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
+import time
 
+import httpx
 import pytest
 import torch
 
 from benchmarks.ceiling import measure_ceiling
 from benchmarks.gpu.suite import ANSWERS_BAD_INPUTS
+from benchmarks.harness.answered import next_change, steady_rate
 from benchmarks.pipeline_check import answer_groups, check_photos, check_under_load, compare, references
 from compile.model_request import ModelRequest
 from compile.sample_photos import CAT_LABELS
@@ -119,6 +123,35 @@ def test_loadgen_cli_writes_its_json(server, images_dir, tmp_path) -> None:
     assert "closed loop, concurrency 2: 6/6 ok" in completed.stdout
     record = json.loads(output.read_text())
     assert record["summary"]["ok"] == 6 and len(record["samples"]) == 6
+
+
+def test_steady_rate_counts_what_the_server_answered_between_two_answers(server, images_dir) -> None:
+    photo = read_images(images_dir)[0]
+    with pytest.raises(TimeoutError, match="answered no image"):  # no load: no change to time from
+        next_change(server.url, timeout_s=0.3)
+    answered_at: list[float] = []
+    stop = threading.Event()
+
+    def client() -> None:  # one request at a time: each answer is a batch of one
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                response = http.post(f"{server.url}/predict", content=photo, headers={"content-type": "image/jpeg"})
+                assert response.status_code == 200
+                answered_at.append(time.monotonic())
+
+    load = threading.Thread(target=client)
+    load.start()
+    try:
+        rate = steady_rate(server.url, 2.0, timeout_s=30)
+    finally:
+        stop.set()
+        load.join()
+    assert rate.ended - rate.began >= 2.0
+    # The client saw the same answers in that time, give or take those at its two edges (the server
+    # counts an answer a moment before its client has it; each poll is 50 ms apart).
+    seen = sum(rate.began < at <= rate.ended for at in answered_at)
+    assert rate.images > 4 and abs(seen - rate.images) <= 3, (seen, rate)
+    assert rate.images_per_s == pytest.approx(rate.images / (rate.ended - rate.began))
 
 
 def test_per_process_script_classifies_a_real_photo(images_dir) -> None:
