@@ -102,6 +102,7 @@ def measure_server(label: str, extra: Sequence[str], args: argparse.Namespace, w
             time.sleep(SETTLE_S)
             steady = steady_rate(server.url, args.duration, timeout_s=args.batch_slack_s)
             loaded = wrk.result()
+        time.sleep(args.batch_slack_s)  # the batches wrk left running end before the lone client starts
         lone = run_wrk(server.url, request, 1, args.lone_duration, work)
     seconds = loaded["duration_us"] / 1e6
     return ServerRun(
@@ -261,7 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load per measurement")
     parser.add_argument("--lone-duration", type=float, default=10.0, help="seconds at one connection")
     parser.add_argument(
-        "--batch-slack-s", type=float, default=10.0, help="the longest a batch takes: the load runs this much longer"
+        "--batch-slack-s",
+        type=float,
+        default=10.0,
+        help="the longest a batch takes: the load runs this much longer, then is let finish",
     )
     parser.add_argument("--bound-batch", type=int, default=16)
     parser.add_argument("--bound-load-s", type=float, default=20.0, help="seconds the bound's processes get to load")
