@@ -34,7 +34,7 @@ from compile.backends import (
     resolve_compile_backend,
 )
 from compile.catalog import ModelEntry
-from compile.devices import describe_device, parse_device
+from compile.devices import describe_device, emulated_bf16, parse_device
 from compile.gate import GateInputs, GateReport, gate_inputs, gate_photos, run_gate
 from compile.manifest import Manifest, ManifestError, cache_key, read_manifest, sha256_file, write_manifest
 from compile.model_files import read_model_file
@@ -159,6 +159,9 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     backend = get_backend(backend_name)
     backend.check_available(device)
     backend.check_precision(settings.precision, device)
+    slow = emulated_bf16(settings.precision, device.type)
+    if slow:
+        logger.warning("%s Here, compile --precision fp32 (the default) or int8.", slow)
     method = (
         backend.resolve_calibration_method(settings.precision, settings.calibration_method)
         if settings.quantized

@@ -115,6 +115,24 @@ def cpu_has(feature: str) -> bool:
     return False
 
 
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU runs bf16 math in hardware (AVX-512 bf16 or AMX); elsewhere torch emulates it."""
+    return cpu_has("avx512_bf16") or cpu_has("amx_tile")
+
+
+def emulated_bf16(precision: str, device_type: str) -> str | None:
+    """Why a ``precision`` engine on a ``device_type`` device runs slowly here, or None when it does not:
+    bf16 on a CPU without bf16 units runs emulated."""
+    if precision != "bf16" or device_type != "cpu" or cpu_has_bf16_units():
+        return None
+    return (
+        "bf16 runs emulated on this CPU: it has no AVX-512 bf16 or AMX units, so each bf16 operation "
+        "goes through conversions to fp32 and back, and the engine runs many times slower than in fp32. "
+        "bf16 pays off on CPUs with those units (Intel Cooper Lake, Sapphire Rapids and later; AMD Zen 4 "
+        "and later) and on GPUs."
+    )
+
+
 ALL_GPUS = -1
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compile.devices import cpu_has, cpu_name, parse_device
+from compile.devices import cpu_has_bf16_units, cpu_name, parse_device
 from compile.settings_errors import SettingsError
 from service import _defaults as serve_defaults
 from service.supervisor.planning.cores import usable_cores
@@ -40,7 +40,7 @@ def probe_machine(device_flag: str) -> Machine:
     gpus = torch.cuda.device_count()
     index = parse_device(device_flag, gpus)  # ValueError: a GPU asked for where there is none
     accelerator = "cpu" if index is None else "cuda"
-    bf16 = cpu_has("avx512_bf16") or cpu_has("amx_tile")
+    bf16 = cpu_has_bf16_units()
     name = torch.cuda.get_device_name(0) if accelerator == "cuda" else cpu_name()
     return Machine(accelerator, gpus, usable_cores(), bf16, name)
 

@@ -21,6 +21,7 @@ from compile.backends.tensorrt import torch_tensorrt_status
 from compile.build import compile_artifact
 from compile.cli import EXIT_GATE_FAILED, EXIT_UNAVAILABLE
 from compile.cli import main as compile_main
+from compile.devices import cpu_has_bf16_units
 from compile.manifest import Manifest, read_manifest, sha256_file
 from compile.settings import CompileSettings
 from preprocessing.pil_backend import PilPreprocessor
@@ -120,6 +121,10 @@ def test_served_artifact_classifies_chelsea_as_a_cat(which, request, chelsea_jpe
     assert cat.engine == manifest.engine_name and cat.model == "efficientnet-lite0"
     assert info["engine"] == manifest.engine_name
     assert info["artifact"]["backend"] == "inductor" and info["artifact"]["precision"] == manifest.precision
+    # bf16 on a CPU without bf16 units runs emulated: /info (and the log) says so, and only then.
+    emulated = manifest.precision == "bf16" and not cpu_has_bf16_units()
+    assert ("emulated" in info["artifact"].get("warning", "")) is emulated
+    assert ("bf16 runs emulated on this CPU" in server.log_text()) is emulated
     assert PreprocessSpec.from_dict(info["preprocess_spec"]) == manifest.preprocess
     # Serving an AOTInductor artifact loads torch's inductor (and OpenAI Triton) in the workers: its
     # exit, like everything else the server printed, must be log records, not library noise.

@@ -419,6 +419,27 @@ def test_cpu_isa_names_the_extensions_proc_cpuinfo_lists():
         assert (feature in cpu_isa().split()) == (feature in flags), feature
 
 
+@pytest.mark.parametrize("units", [set(), {"avx512_bf16"}, {"amx_tile"}])
+def test_bf16_on_a_cpu_without_bf16_units_is_called_emulated(units, monkeypatch, caplog):
+    """A faked CPU: compile-trt and the server (service/supervisor/planning/planner.py) warn with this."""
+    from compile import devices
+    from compile.build import plan_compile
+
+    monkeypatch.setattr(devices, "cpu_has", lambda feature: feature in units)
+    emulated = not units
+    assert devices.cpu_has_bf16_units() is not emulated
+    why = devices.emulated_bf16("bf16", "cpu")
+    assert (why is not None) is emulated
+    if emulated:
+        assert "emulated" in why and "AVX-512 bf16 or AMX" in why
+    for precision, device_type in (("fp32", "cpu"), ("int8", "cpu"), ("bf16", "cuda")):
+        assert devices.emulated_bf16(precision, device_type) is None
+    with caplog.at_level(logging.WARNING, logger="compile.build"):
+        plan_compile(CompileSettings(model="efficientnet-lite0", backend="inductor", precision="bf16", device="cpu"))
+    warned = [r.getMessage() for r in caplog.records if "emulated" in r.getMessage()]
+    assert (warned == [f"{why} Here, compile --precision fp32 (the default) or int8."]) if emulated else not warned
+
+
 def test_cpu_isa_without_a_cxx_compiler_names_what_inductor_names():
     """The CPU image has no g++, which inductor's ISA probe builds with: the probe from torch's own CPU
     checks must give the same names (artifacts compiled elsewhere are compared against them)."""

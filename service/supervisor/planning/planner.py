@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compile.cli_flags import visible_device
+from compile.devices import emulated_bf16
 from compile.settings_errors import SettingsError
 from service import _defaults
 from service.model_info import ModelInfo
@@ -210,6 +211,14 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: 
         cost,
     )
     logger.info("Serving %s: %s", settings.name, sizing.describe())
+    slow = None if manifest is None else emulated_bf16(manifest.precision, accelerator)
+    if slow:
+        logger.warning(
+            "Serving %s from %s: %s For this machine, compile an fp32 or int8 artifact.",
+            settings.name,
+            settings.artifact,
+            slow,
+        )
     settings = dataclasses.replace(
         settings, workers_per_device=sizing.workers_per_device, engine_threads=sizing.engine_threads
     )
@@ -224,7 +233,9 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: 
         device="cpu" if accelerator == "cpu" else ("cuda" if settings.device == "auto" else settings.device),
         max_batch_size=settings.max_batch_size,
         batch_timeout_ms=settings.batch_timeout_ms,
-        artifact=None if manifest is None else artifact_facts(settings.artifact, manifest),
+        artifact=None
+        if manifest is None
+        else artifact_facts(settings.artifact, manifest) | ({"warning": slow} if slow else {}),
         source=settings.model,
         labels=labels,
         sizing=sizing.to_dict(),

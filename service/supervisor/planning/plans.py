@@ -83,4 +83,7 @@ def render_chosen(plans: list[VersionPlan]) -> str:
         )
         if sizing.get("why"):
             lines.append(f"#     why: {sizing['why']}")
+        warning = (plan.serve_plan.model.artifact or {}).get("warning")
+        if warning:
+            lines.append(f"#     warning: {warning}")
     return "\n".join(lines) + "\n"
