@@ -162,7 +162,7 @@ def measure_bound(processes: int, threads: int, args: argparse.Namespace) -> Bou
     rates = [results.get(timeout=args.duration + 600) for _ in workers]
     for worker in workers:
         worker.join()
-    return BoundRun(processes, threads, round(sum(rates), 1))
+    return BoundRun(processes, threads, round(sum(rates), 2))
 
 
 def bound_layouts(cores: int) -> list[tuple[int, int]]:
@@ -215,6 +215,11 @@ def summarize(rounds: list[dict]) -> dict:
     return {"servers": servers, "bound": bounds, "bound_best": bound}
 
 
+def rate_text(images_per_s: float) -> str:
+    """Images per second to two significant digits at least: slow engines serve under 1 img/s."""
+    return f"{images_per_s:.1f}" if images_per_s >= 10 else f"{images_per_s:.2f}"
+
+
 def markdown(record: dict) -> str:
     summary = record["summary"]
     lines = [
@@ -232,8 +237,8 @@ def markdown(record: dict) -> str:
         [
             label,
             s["layout"],
-            f"{s['images_per_s']:.1f}",
-            f"{s['wrk_images_per_s']:.1f}",
+            rate_text(s["images_per_s"]),
+            rate_text(s["wrk_images_per_s"]),
             f"{s['p99_ms']:.0f}",
             f"{s['of_bound']:.2f}",
             f"{s['of_best']:.2f}",
@@ -246,7 +251,7 @@ def markdown(record: dict) -> str:
     header = ["server", "workers x threads", "img/s", "wrk's img/s", "p99 ms", "of bound", "of best",
               "1-conn p50 ms", "p50 vs one worker", "errors"]  # fmt: skip
     lines += [markdown_table(header, rows), ""]
-    bound_rows = [[layout, f"{rate:.1f}"] for layout, rate in summary["bound"].items()]
+    bound_rows = [[layout, rate_text(rate)] for layout, rate in summary["bound"].items()]
     lines += [markdown_table(["bound: processes x threads", "img/s"], bound_rows), ""]
     return "\n".join(lines)
 
