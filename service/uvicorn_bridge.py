@@ -14,15 +14,18 @@ httptools protocol with:
 - a cap on the bytes of a request's headers (``--max-header-bytes``) and on their number
   (``MAX_HEADER_FIELDS``), for every request, pipelined ones too: past it, 431 and close;
 - a deadline for the body, from the end of the headers (``--body-timeout-s``): past it, 408 and
-  close. The route reading the body then sees the connection gone and counts the request by the
-  refusal's status (service/http/base/limits.py);
+  close (neither deadline runs while the server itself does not read the connection). The route
+  reading the body then sees the connection gone and counts the request by the refusal's status
+  (service/http/base/limits.py);
 - a chunked body framed to cost the server per byte what a plain one does: chunks of at least
   ``MIN_MEAN_CHUNK_BYTES`` on average once there are more than ``FREE_CHUNKS``, and framing (chunk
   sizes, extensions) within ``FRAMING_ALLOWANCE_BYTES`` plus ``FRAMING_BYTES_PER_CHUNK`` a chunk:
   else 400 and close;
-- pipelining bounded: while a request runs, the connection reads on only until one more request is
-  parsed (the rest waits in the socket, as in uvicorn itself), and at most ``MAX_PIPELINED``
-  requests parsed from what was already read may wait behind it: one more closes the connection;
+- pipelining bounded without refusing it: while a request runs, the connection reads on only until
+  one more request is parsed (the rest waits in the socket, as in uvicorn itself), and at most
+  ``MAX_PIPELINED`` requests parsed from what was already read wait behind it. The rest of that read
+  is held unparsed (one read: ``MAX_HELD_BYTES`` at most) and fed to the parser as the requests
+  ahead are answered, so every pipelined request is answered, in order, at a bounded cost;
 - a ``Departure`` in each request's scope, told when the connection is lost before that request's
   answer is complete: the request running and those parsed behind it alike, so that work for a
   client that left is dropped (service/request_scope.py). A connection whose reading is paused
@@ -73,9 +76,15 @@ check_uvicorn_version(uvicorn.__version__)
 
 SWEEP_INTERVAL_S = 0.25
 # Requests parsed and waiting behind the running one on a connection. uvicorn stops reading once one
-# is parsed; these are the ones already read in the same chunk. Beyond it the connection is closed:
-# no client needs more, and each costs the server its parsed headers and a request object.
+# is parsed; these are the ones already read in the same chunk. Each costs the server its parsed
+# headers and a request object, so what a read holds beyond them stays bytes until they are answered.
 MAX_PIPELINED = 32
+# What a connection may hold read but unparsed. Reading is paused while bytes are held, so this is
+# one read (uvloop's and asyncio's reads are at most 256 KiB) plus slack: past it, 400 and close.
+MAX_HELD_BYTES = 1024 * 1024
+# The end of a request's headers; every request has one, so a read holds at most as many requests
+# as it holds of these (a body may hold some too: then the bound is only tighter).
+_HEADERS_END = b"\r\n\r\n"
 # Header lines in one request (Apache's LimitRequestFields is 100): thousands of tiny headers cost
 # the server a Python object each.
 MAX_HEADER_FIELDS = 256
@@ -155,10 +164,10 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "Request Header Fields Too Large",
         f"The request has more than {MAX_HEADER_FIELDS} header lines.",
     )
-    too_deep = _refusal(
+    too_much_held = _refusal(
         400,
         "Bad Request",
-        f"More than {MAX_PIPELINED} pipelined requests wait behind a running one; send fewer at once.",
+        f"More than {MAX_HELD_BYTES:,} bytes arrived while reading was paused behind pipelined requests.",
     )
     tiny_chunks = _refusal(
         400,
@@ -183,6 +192,10 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         _message_header_bytes = _header_fields = 0
         _chunked_body = False
         _chunks = _body_bytes = _framing_bytes = 0
+        # Bytes read but not yet parsed, since MAX_PIPELINED requests wait behind the running one; the
+        # last bytes fed, for a headers' end that spans two reads.
+        _held = b""
+        _fed_tail = b""
         _sweeping: set[asyncio.AbstractEventLoop] = set()  # noqa: RUF012  (per process, shared on purpose)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -200,6 +213,50 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._header_bytes = 0
 
         def data_received(self, data: bytes) -> None:
+            if self._held:
+                # Reading is paused while bytes are held; a transport may still deliver what it had.
+                self._held += data
+                if len(self._held) > MAX_HELD_BYTES:
+                    self._refuse(too_much_held)
+                return
+            self._feed(data)
+
+        def _feed(self, data: bytes) -> None:
+            """Parse ``data`` up to the point where ``MAX_PIPELINED`` requests wait; hold the rest."""
+            while data:
+                room = MAX_PIPELINED - len(self.pipeline)
+                if room <= 0:
+                    self._hold(data)
+                    return
+                cut = after_headers_ends(self._fed_tail, data, room)
+                piece, data = (data, b"") if cut is None else (data[:cut], data[cut:])
+                keep = len(_HEADERS_END) - 1
+                self._fed_tail = piece[-keep:] if len(piece) >= keep else (self._fed_tail + piece)[-keep:]
+                self._parse(piece)
+                if self.transport.is_closing():
+                    return
+
+        def _hold(self, data: bytes) -> None:
+            self._held = data
+            self.flow.pause_reading()
+
+        def _release_held(self) -> None:
+            """The requests ahead were answered: parse what was held (on_response_complete's call)."""
+            if not self._held or self.transport.is_closing():
+                return
+            data, self._held = self._held, b""
+            self._feed(data)
+            if not self._held and not self.pipeline:
+                self.flow.resume_reading()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._held:
+                # uvicorn resumed reading: what the client sends next must queue behind what is held.
+                self.flow.pause_reading()
+                self.loop.call_soon(self._release_held)
+
+        def _parse(self, data: bytes) -> None:
             if self._header_bytes >= 0:
                 end = data.find(b"\r\n\r\n")
                 self._header_bytes += len(data) if end < 0 else end
@@ -263,8 +320,6 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 self._open.popleft()
             if self.cycle is not None and self.cycle.scope is self.scope:
                 self._open.append(self.cycle)
-            if len(self.pipeline) > MAX_PIPELINED:
-                self._stop_parsing(too_deep)
 
         def on_chunk_header(self) -> None:
             # Called before the chunk's data: the data of the chunks before it is counted.
@@ -278,6 +333,7 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             super().connection_lost(exc)
+            self._held = b""
             _client_left(self._open)
             self._open.clear()
 
@@ -289,8 +345,8 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             # the request is complete; a paused socket never reports the client's close, so a client
             # that left would not be noticed until its answer was written. Reading stays paused when a
             # request is parsed behind the running one (uvicorn's own bound on pipelining); the
-            # sweep then watches for the client's close.
-            if not self.pipeline:
+            # sweep then watches for the client's close. Bytes held unparsed keep it paused too.
+            if not self.pipeline and not self._held:
                 self.flow.resume_reading()
 
         def _refuse(self, refusal: Refusal) -> None:
@@ -308,6 +364,21 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self.transport.close()
 
     return GuardedHttpToolsProtocol
+
+
+def after_headers_ends(tail: bytes, data: bytes, count: int) -> int | None:
+    """Where in ``data`` its ``count``-th headers' end ends, or None where it holds fewer. ``tail``: the
+    last bytes fed before it, so that an end spanning two reads counts (an overcount only cuts early)."""
+    start = found = 0
+    spanning = (tail + data[: len(_HEADERS_END) - 1]).find(_HEADERS_END)
+    if spanning >= 0:
+        start, found = spanning + len(_HEADERS_END) - len(tail), 1
+    while found < count:
+        at = data.find(_HEADERS_END, start)
+        if at < 0:
+            return None
+        start, found = at + len(_HEADERS_END), found + 1
+    return start
 
 
 def _may_answer(open_cycles: deque, refused: RequestResponseCycle | None) -> bool:
@@ -330,17 +401,21 @@ def _client_left(open_cycles: deque) -> None:
                 departure.leave()
 
 
-def _sweep(connections: set, loop: asyncio.AbstractEventLoop) -> None:
+def _sweep(connections: set, loop: asyncio.AbstractEventLoop, last: float | None = None) -> None:
     """Every ``SWEEP_INTERVAL_S``: refuse what passed its deadline; close a paused connection whose client
-    hung up with requests open (connection_lost then tells their departures)."""
+    hung up with requests open (connection_lost then tells their departures). While the server does not
+    read a connection (requests queued behind the running one, bytes held, a body not yet consumed), its
+    deadline stands still: the wait is the server's, not the client's."""
     now = time.monotonic()
     for connection in list(connections):
         deadline = getattr(connection, "_deadline", None)
+        if deadline is not None and last is not None and connection.flow.read_paused:
+            connection._deadline = deadline = (deadline[0] + now - last, deadline[1])
         if deadline is not None and now > deadline[0]:
             connection._refuse(deadline[1])
         elif _gone_while_paused(connection):
             connection.transport.close()
-    loop.call_later(SWEEP_INTERVAL_S, _sweep, connections, loop)
+    loop.call_later(SWEEP_INTERVAL_S, _sweep, connections, loop, now)
 
 
 def _gone_while_paused(connection: HttpToolsProtocol) -> bool:

@@ -372,6 +372,20 @@ def test_pipelined_requests_behind_a_running_predict_do_not_grow_the_server(serv
     assert not server_errors_logged(log)
 
 
+def test_fifty_pipelined_health_checks_in_one_write_are_all_answered_in_order(server, log) -> None:
+    """Issue 60: fifty pipelined GET /v2/health/live written at once got no answer (the connection was
+    closed once one read held more than 32). Plain uvicorn answers all fifty; so does the server, with
+    at most 32 parsed at a time (their order: tests/unit/test_uvicorn_bridge.py)."""
+    paths = [b"/v2/health/live", b"/v2/health/ready"] * 25
+    requests = [b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path for path in paths[:-1]]
+    requests.append(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % paths[-1])
+    reply = raw_exchange(server.port, b"".join(requests))
+    assert reply.count(b"HTTP/1.1 200 OK") == 50, reply[-300:]
+    live = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    assert live.is_server_live() and live.is_server_ready()
+    assert not server_errors_logged(log)
+
+
 def test_a_client_that_leaves_with_requests_queued_behind_its_predict_has_it_dropped(server, log, chelsea_jpeg) -> None:
     """Reading is paused while requests wait behind the running /predict; its client's close is still
     seen (the kernel's hang-up flag, checked by the connection sweep) and the /predict is dropped

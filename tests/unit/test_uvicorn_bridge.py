@@ -25,7 +25,9 @@ from service.request_scope import BODY_CUT_OFF, departure_of
 from service.uvicorn_bridge import (
     MAX_PIPELINED,
     SUPPORTED_UVICORN,
+    SWEEP_INTERVAL_S,
     ConnectionLimits,
+    after_headers_ends,
     check_uvicorn_version,
     guarded_http_protocol,
 )
@@ -46,6 +48,7 @@ def test_the_callbacks_the_guard_overrides_exist_with_their_signatures() -> None
         "on_headers_complete": [],
         "on_body": ["body"],
         "on_message_complete": [],
+        "on_response_complete": [],
         "connection_lost": ["exc"],
     }
     for name, parameters in expected.items():
@@ -63,6 +66,9 @@ def test_the_attributes_the_guard_reads_are_set_by_uvicorn() -> None:
         assert attribute in source, attribute
     assert "self.headers" in inspect.getsource(HttpToolsProtocol.on_message_begin)
     assert "self.pipeline.appendleft" in inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    # Bytes held behind the cap are fed after the answer that frees room: uvicorn resumes reading there.
+    response_complete = inspect.getsource(HttpToolsProtocol.on_response_complete)
+    assert "self.flow.resume_reading()" in response_complete and "self.pipeline.pop()" in response_complete
     cycle_source = inspect.getsource(inspect.getmodule(HttpToolsProtocol))
     for attribute in (
         "self.response_started",
@@ -239,13 +245,19 @@ class Holder:
         self.release = threading.Event()
         self.left: list[str] = []
         self.started: list[str] = []
+        self.body_bytes: list[int] = []  # of each request, as the app received it
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] != "http":
             return
         self.started.append(scope["path"])
-        while (await receive()).get("more_body"):
-            pass
+        received = 0
+        while True:
+            message = await receive()
+            received += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        self.body_bytes.append(received)
         departure = departure_of(scope)
         if scope["path"] == "/hold":
             started = time.monotonic()
@@ -263,12 +275,10 @@ class Holder:
         await send({"type": "http.response.body", "body": answer})
 
 
-@pytest.fixture
-def holding_server() -> Iterator[tuple[int, Holder, uvicorn.Server]]:
+def run_holding_server(limits: ConnectionLimits) -> Iterator[tuple[int, Holder, uvicorn.Server]]:
     app, port = Holder(), free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, http=guarded_http_protocol(ConnectionLimits()), lifespan="off",
-        log_level="warning",
+        app, host="127.0.0.1", port=port, http=guarded_http_protocol(limits), lifespan="off", log_level="warning",
     )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -281,6 +291,17 @@ def holding_server() -> Iterator[tuple[int, Holder, uvicorn.Server]]:
     app.release.set()
     server.should_exit = True
     thread.join(5)
+
+
+@pytest.fixture
+def holding_server() -> Iterator[tuple[int, Holder, uvicorn.Server]]:
+    yield from run_holding_server(ConnectionLimits())
+
+
+@pytest.fixture
+def quick_holding_server() -> Iterator[tuple[int, Holder, uvicorn.Server]]:
+    """Header and body deadlines of a fraction of a second (LIMITS)."""
+    yield from run_holding_server(LIMITS)
 
 
 def wait_for(condition, what: str, timeout_s: float = LATE_S) -> None:
@@ -344,14 +365,73 @@ def test_a_few_pipelined_requests_are_all_answered_in_order(holding_server) -> N
     assert bodies == [b"/hold", b"/p0", b"/p1", b"/p2", b"/p3", b"/p4", b"/last"]
 
 
-def test_more_pipelined_requests_than_the_cap_in_one_read_close_the_connection(holding_server) -> None:
-    port, app, _ = holding_server
+def receive_answers(connection: socket.socket, count: int) -> list[bytes]:
+    """The bodies of the next ``count`` answers (each with a content-length), in the order they came."""
+    received, bodies = b"", []
+    while len(bodies) < count:
+        chunk = connection.recv(65536)
+        assert chunk, f"the connection closed after {len(bodies)} of {count} answers"
+        received += chunk
+        while (end := received.find(b"\r\n\r\n")) >= 0:
+            head = received[:end].lower()
+            length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+            if len(received) < end + 4 + length:
+                break
+            bodies.append(received[end + 4 : end + 4 + length])
+            received = received[end + 4 + length :]
+    return bodies
+
+
+def test_more_pipelined_requests_than_the_cap_in_one_read_are_all_answered_in_order(holding_server) -> None:
+    """Fifty requests written in one go behind a running one (issue 60: the connection was closed):
+    exactly MAX_PIPELINED are parsed while it runs, the rest wait as bytes, and all are answered in order."""
+    port, app, server = holding_server
+    paths = [b"/p%d" % i for i in range(50)]
     with socket.create_connection(("127.0.0.1", port), timeout=LATE_S) as connection:
         connection.sendall(b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\n")
         wait_for(lambda: app.started == ["/hold"], "running request")
-        connection.sendall(b"GET /p HTTP/1.1\r\nhost: x\r\n\r\n" * (MAX_PIPELINED + 2))
-        assert connection.recv(65536) == b"", "closed without an answer: the running request's is still owed"
-    wait_for(lambda: app.left == ["/hold"], "the running request told its client left")
+        connection.sendall(b"".join(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path for path in paths))
+        wait_for(lambda: parsed_waiting(server) == MAX_PIPELINED, f"{MAX_PIPELINED} requests parsed")
+        time.sleep(0.2)  # what was read beyond them stays unparsed
+        assert parsed_waiting(server) == MAX_PIPELINED
+        app.release.set()
+        assert receive_answers(connection, 51) == [b"/hold", *paths]
+        # The connection reads again once everything held is answered.
+        connection.sendall(b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert receive_answers(connection, 1) == [b"/after"]
+
+
+def test_a_pipelined_body_held_behind_the_cap_reaches_its_request(quick_holding_server) -> None:
+    """A POST parsed as the last request the cap lets wait, its body held unparsed behind it: the body is
+    fed whole when the POST runs, and the wait, longer than --body-timeout-s, is not the client's fault."""
+    port, app, server = quick_holding_server
+    body = b"b" * 5000
+    post = b"POST /posted HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    with socket.create_connection(("127.0.0.1", port), timeout=LATE_S) as connection:
+        connection.sendall(b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\n")
+        wait_for(lambda: app.started == ["/hold"], "running request")
+        connection.sendall(b"GET /p HTTP/1.1\r\nhost: x\r\n\r\n" * (MAX_PIPELINED - 1) + post + post)
+        wait_for(lambda: parsed_waiting(server) == MAX_PIPELINED, f"{MAX_PIPELINED} requests parsed")
+        time.sleep(LIMITS.body_timeout_s + 4 * SWEEP_INTERVAL_S)
+        app.release.set()
+        answers = receive_answers(connection, MAX_PIPELINED + 2)
+    assert answers == [b"/hold", *[b"/p"] * (MAX_PIPELINED - 1), b"/posted", b"/posted"]
+    assert app.body_bytes[-2:] == [len(body), len(body)]
+
+
+@pytest.mark.parametrize(
+    ("tail", "data", "count", "expected"),
+    [
+        (b"", b"GET / HTTP/1.1\r\n\r\nGET", 1, 18),
+        (b"", b"GET / HTTP/1.1\r\n\r\nGET", 2, None),
+        (b"", b"A\r\n\r\nB\r\n\r\nC\r\n\r\n", 2, 10),
+        (b"\r\n\r", b"\nGET", 1, 1),  # an end that spans two reads
+        (b"x\r\n", b"\r\nA\r\n\r\n", 2, 7),
+        (b"", b"no end here", 1, None),
+    ],
+)
+def test_headers_ends_are_counted_across_reads(tail: bytes, data: bytes, count: int, expected) -> None:
+    assert after_headers_ends(tail, data, count) == expected
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])
