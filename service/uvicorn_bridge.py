@@ -142,6 +142,82 @@ def _peer_hung_up(transport: asyncio.Transport) -> bool:
     return any(events & _PEER_GONE for _, events in poller.poll(0))
 
 
+TOO_MUCH_HELD = _refusal(
+    400,
+    "Bad Request",
+    f"More than {MAX_HELD_BYTES:,} bytes arrived while reading was paused behind pipelined requests.",
+)
+
+
+class PipelineHold(HttpToolsProtocol):
+    """uvicorn's protocol that parses at most ``MAX_PIPELINED`` requests waiting behind the running one
+    and holds the rest of a read as bytes (reading paused) until answers free room. ``_parse`` feeds the
+    parser (the guard's checks first); ``_refuse`` answers and closes (the guard's)."""
+
+    # Bytes read but not yet parsed; the last bytes fed, for a headers' end that spans two reads.
+    _held = b""
+    _fed_tail = b""
+
+    def _parse(self, data: bytes) -> None:
+        """Feed ``data`` to the parser; the guard checks it first."""
+        self._feed_parser(data)
+
+    def _feed_parser(self, data: bytes) -> None:
+        HttpToolsProtocol.data_received(self, data)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        self.transport.write(refusal.wire)
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._held:
+            # Reading is paused while bytes are held; a transport may still deliver what it had.
+            self._held += data
+            if len(self._held) > MAX_HELD_BYTES:
+                self._refuse(TOO_MUCH_HELD)
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Parse ``data`` up to the point where ``MAX_PIPELINED`` requests wait; hold the rest."""
+        while data:
+            room = MAX_PIPELINED - len(self.pipeline)
+            if room <= 0:
+                self._hold(data)
+                return
+            cut = after_headers_ends(self._fed_tail, data, room)
+            piece, data = (data, b"") if cut is None else (data[:cut], data[cut:])
+            keep = len(_HEADERS_END) - 1
+            self._fed_tail = piece[-keep:] if len(piece) >= keep else (self._fed_tail + piece)[-keep:]
+            self._parse(piece)
+            if self.transport.is_closing():
+                return
+
+    def _hold(self, data: bytes) -> None:
+        self._held = data
+        self.flow.pause_reading()
+
+    def _release_held(self) -> None:
+        """The requests ahead were answered: parse what was held (on_response_complete's call)."""
+        if not self._held or self.transport.is_closing():
+            return
+        data, self._held = self._held, b""
+        self._feed(data)
+        if not self._held and not self.pipeline:
+            self.flow.resume_reading()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._held:
+            # uvicorn resumed reading: what the client sends next must queue behind what is held.
+            self.flow.pause_reading()
+            self.loop.call_soon(self._release_held)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._held = b""
+
+
 def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with ``limits`` (pass it as ``uvicorn.Config(http=...)``)."""
     header_timeout = _refusal(
@@ -164,11 +240,6 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "Request Header Fields Too Large",
         f"The request has more than {MAX_HEADER_FIELDS} header lines.",
     )
-    too_much_held = _refusal(
-        400,
-        "Bad Request",
-        f"More than {MAX_HELD_BYTES:,} bytes arrived while reading was paused behind pipelined requests.",
-    )
     tiny_chunks = _refusal(
         400,
         "Bad Request",
@@ -181,7 +252,7 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "The chunked body's framing (chunk sizes and extensions) is far larger than its data; drop the extensions.",
     )
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    class GuardedHttpToolsProtocol(PipelineHold):
         # (monotonic deadline, refusal) of the phase the connection is in; None between requests,
         # where uvicorn's keep-alive timeout applies.
         _deadline: tuple[float, Refusal] | None = None
@@ -192,10 +263,6 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         _message_header_bytes = _header_fields = 0
         _chunked_body = False
         _chunks = _body_bytes = _framing_bytes = 0
-        # Bytes read but not yet parsed, since MAX_PIPELINED requests wait behind the running one; the
-        # last bytes fed, for a headers' end that spans two reads.
-        _held = b""
-        _fed_tail = b""
         _sweeping: set[asyncio.AbstractEventLoop] = set()  # noqa: RUF012  (per process, shared on purpose)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -212,50 +279,6 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._deadline = (time.monotonic() + limits.header_timeout_s, header_timeout)
             self._header_bytes = 0
 
-        def data_received(self, data: bytes) -> None:
-            if self._held:
-                # Reading is paused while bytes are held; a transport may still deliver what it had.
-                self._held += data
-                if len(self._held) > MAX_HELD_BYTES:
-                    self._refuse(too_much_held)
-                return
-            self._feed(data)
-
-        def _feed(self, data: bytes) -> None:
-            """Parse ``data`` up to the point where ``MAX_PIPELINED`` requests wait; hold the rest."""
-            while data:
-                room = MAX_PIPELINED - len(self.pipeline)
-                if room <= 0:
-                    self._hold(data)
-                    return
-                cut = after_headers_ends(self._fed_tail, data, room)
-                piece, data = (data, b"") if cut is None else (data[:cut], data[cut:])
-                keep = len(_HEADERS_END) - 1
-                self._fed_tail = piece[-keep:] if len(piece) >= keep else (self._fed_tail + piece)[-keep:]
-                self._parse(piece)
-                if self.transport.is_closing():
-                    return
-
-        def _hold(self, data: bytes) -> None:
-            self._held = data
-            self.flow.pause_reading()
-
-        def _release_held(self) -> None:
-            """The requests ahead were answered: parse what was held (on_response_complete's call)."""
-            if not self._held or self.transport.is_closing():
-                return
-            data, self._held = self._held, b""
-            self._feed(data)
-            if not self._held and not self.pipeline:
-                self.flow.resume_reading()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self._held:
-                # uvicorn resumed reading: what the client sends next must queue behind what is held.
-                self.flow.pause_reading()
-                self.loop.call_soon(self._release_held)
-
         def _parse(self, data: bytes) -> None:
             if self._header_bytes >= 0:
                 end = data.find(b"\r\n\r\n")
@@ -271,7 +294,7 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     self._refuse(heavy_framing)
                     return
                 self._framing_bytes += len(data)
-            super().data_received(data)
+            self._feed_parser(data)
 
         def send_400_response(self, msg: str) -> None:
             refusal, self._refusing = self._refusing, None
@@ -333,7 +356,6 @@ def guarded_http_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             super().connection_lost(exc)
-            self._held = b""
             _client_left(self._open)
             self._open.clear()
 
