@@ -13,10 +13,12 @@ from compile.settings_errors import SettingsError
 
 logger = logging.getLogger(__name__)
 
+CPUINFO = Path("/proc/cpuinfo")
+
 
 def cpu_name() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in CPUINFO.read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -58,7 +60,7 @@ def cpu_isa() -> str:
         # torch's own probes. AOTInductor itself needs the compiler and says so when it runs.
         logger.debug("inductor cannot probe the vector ISA (%s): reading torch's CPU probes instead", exc)
         tokens = probed_vec_isa()
-    tokens += [token for token in ("avx512_bf16", "amx_tile") if cpu_has(token)]
+    tokens += [token for token in ("avx512_bf16", "amx_tile") if token not in tokens and cpu_has(token)]
     return " ".join(tokens)
 
 
@@ -69,7 +71,10 @@ def probed_vec_isa() -> list[str]:
 
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX512":
-        return ["avx512", "avx512_vnni"] if torch.cpu._is_vnni_supported() else ["avx512"]
+        if not torch.cpu._is_vnni_supported():
+            return ["avx512"]
+        # inductor's VecAMX (an AVX512-VNNI CPU with AMX tiles) names itself "avx512 avx512_vnni amx_tile".
+        return ["avx512", "avx512_vnni", "amx_tile"] if cpu_has("amx_tile") else ["avx512", "avx512_vnni"]
     if capability == "AVX2":
         return ["avx2"]
     return [capability.lower()] if capability not in ("DEFAULT", "") else []
@@ -84,12 +89,13 @@ def cpu_flags(cpuinfo: str) -> set[str] | None:
 
 
 @functools.cache
-def cpu_has_vnni() -> bool:
+def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool:
     """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI): integer dot products that sum u8 x s8 pairs in
     32 bits. Without it ONNX Runtime's int8 kernels sum pairs in 16 bits, which saturates with full-range
-    int8 weights (quantization/onnx_qdq.py then quantizes weights to 7 bits)."""
+    int8 weights (quantization/onnx_qdq.py then quantizes weights to 7 bits). ``cpuinfo``: the text to
+    read the flags from (a test's); torch's probe where it has none."""
     try:
-        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+        flags = cpu_flags(cpuinfo.read_text())
     except OSError:
         flags = None
     if flags is not None:
