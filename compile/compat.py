@@ -1,11 +1,18 @@
-"""Can this machine serve an artifact? Device type, device capability, and library versions."""
+"""Can this machine serve an artifact? Device type, device capability, library versions, and files that
+stay within the artifact."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from compile import _defaults
 from compile.backends import BACKENDS
 from compile.devices import cpu_capability_runs_here, cpu_isa_runs_here
 from compile.manifest import Manifest
+from compile.settings_errors import SettingsError
 from compile.versions import major_minor
+
+RECOMPILE = "Compile it again with compile-trt; an artifact is served as compile-trt wrote it."
 
 
 def version_problems(manifest: Manifest, versions_here: dict[str, str]) -> list[str]:
@@ -64,3 +71,28 @@ def device_problems(manifest: Manifest, device_type: str, device_info: dict[str,
 
 def describe_problems(directory: str, problems: list[str]) -> str:
     return f"Cannot serve the artifact {directory}: " + " ".join(problems)
+
+
+def check_artifact_files(manifest: Manifest, directory: str | Path) -> None:
+    """``SettingsError`` where loading the artifact would read outside its folder or reach the Hub: an
+    ONNX engine's external data elsewhere, or a timm architecture with a source (docs/security.md).
+    An artifact is compile-trt's output; these are the parts of it a hand-edited one could point away."""
+    directory = Path(directory)
+    if manifest.backend == "onnx":
+        import onnx
+
+        from compile.onnx_external_data import check_external_data
+
+        engine = directory / manifest.engine_file
+        try:
+            model = onnx.load(str(engine), load_external_data=False)
+        except Exception as exc:  # protobuf's DecodeError, OSError
+            raise SettingsError(
+                "--artifact", str(directory), f"Could not read {engine} as an ONNX model ({str(exc)[:200]}).", RECOMPILE
+            ) from None
+        check_external_data(model, engine, "--artifact")
+    if manifest.model_family == "timm":
+        from compile.timm_support import check_timm_architecture
+
+        name = manifest.model.removeprefix(_defaults.TIMM_PREFIX)
+        check_timm_architecture(name, str(directory / _defaults.MANIFEST_FILE), str(directory))

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compile import _defaults
+from compile.onnx_external_data import check_external_data
+from compile.pt2_archive import load_exported_program
+from compile.settings_errors import SettingsError
 
 
 class ModelFileError(ValueError):
@@ -141,6 +144,7 @@ def _read_onnx(path: Path) -> ModelFileFacts:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError, OSError...
         raise ModelFileError(f"Could not read {path} as an ONNX model ({str(exc)[:300]}).") from None
+    check_external_data(model, path)
     graph = model.graph
     inputs = onnx_graph_inputs(graph)
     if len(inputs) != 1 or len(graph.output) != 1:
@@ -168,11 +172,12 @@ def _read_onnx(path: Path) -> ModelFileFacts:
 
 
 def _read_exported_program(path: Path) -> ModelFileFacts:
-    import torch
     from torch.export.graph_signature import InputKind
 
     try:
-        program = torch.export.load(str(path))
+        program = load_exported_program(path)
+    except SettingsError:
+        raise  # refused before torch read it: the message says why
     except Exception as exc:
         raise ModelFileError(
             f"Could not read {path} as a torch.export ExportedProgram ({str(exc)[:300]}). Save one with "

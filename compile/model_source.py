@@ -23,7 +23,6 @@ a model file must output that many. Flags of both commands (compile-trt and visi
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 
 from compile import _defaults
@@ -33,7 +32,7 @@ from compile.model_files import ModelFileFacts, model_file_format, read_model_fi
 from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
 from compile.pretrained_folders import FOLDER_FAMILIES, folder_entry, folder_kind
 from compile.settings_errors import SettingsError
-from compile.timm_support import import_timm, served_name_of, timm_preprocess
+from compile.timm_support import create_timm_model, import_timm, served_name_of, timm_preprocess
 from preprocessing.spec import PreprocessSpec
 
 
@@ -141,16 +140,7 @@ def file_entry(request: ModelRequest, facts: ModelFileFacts) -> ModelEntry:
 def timm_entry(name: str) -> ModelEntry:
     """A timm model's entry: the preprocessing of its ``pretrained_cfg``, translated exactly."""
     timm = import_timm()
-    if not timm.is_model(name):
-        close = difflib.get_close_matches(name, timm.list_models(), n=3)
-        hint = f" Did you mean {', '.join('timm:' + c for c in close)}?" if close else ""
-        raise SettingsError(
-            "--model",
-            f"{_defaults.TIMM_PREFIX}{name}",
-            f"timm has no model {name!r}.{hint}",
-            '`python -c "import timm; print(timm.list_models())"` lists them.',
-        )
-    model = timm.create_model(name, pretrained=False)
+    model = create_timm_model(name, f"--model timm:{name}", f"{_defaults.TIMM_PREFIX}{name}", _defaults.TIMM_PREFIX)
     config = timm.data.resolve_model_data_config(model)
     classes = int(getattr(model, "num_classes", 0))
     return ModelEntry(

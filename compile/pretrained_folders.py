@@ -7,7 +7,11 @@ A folder is recognized by its ``config.json``:
 * timm (``timm.models.push_to_hf_hub.save_for_hf``): ``architecture`` and ``pretrained_cfg``; labels
   from ``label_names`` (or ``id2label``), preprocessing from ``pretrained_cfg`` as for ``timm:<name>``.
 
-Nothing is downloaded (``local_files_only``); transformers is imported only for such a folder.
+A folder is untrusted input (docs/security.md): nothing in it runs and nothing is downloaded. A
+transformers folder whose config names its own code (``auto_map``) is refused, and the model is
+built with ``trust_remote_code=False``, offline (``local_files_only``, the Hub's variables set:
+compile/offline_loads.py); a timm folder's ``architecture`` must be one of timm's own. Its values are
+checked as they are read (compile/config_values.py). transformers is imported only for such a folder.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from compile.config_values import FLAGS_HINT, channel_triplet, crop_fraction
+from compile.offline_loads import untrusted_load
 from compile.settings_errors import SettingsError
 from preprocessing.spec import PreprocessSpec
 
@@ -29,7 +35,8 @@ TIMM_FOLDER_FAMILY = "timm-folder"
 FOLDER_FAMILIES = (TRANSFORMERS_FAMILY, TIMM_FOLDER_FAMILY)
 # transformers' PILImageResampling values (PIL's): the ones PreprocessSpec can reproduce.
 RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
-FLAGS_HINT = "Pass --resize-size, --crop-size, --mean, --std and --interpolation to serve it with those instead."
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+SAVE_AGAIN = "Save it again with save_pretrained (transformers) or timm's save_for_hf."
 
 
 def folder_kind(model: str) -> str | None:
@@ -119,7 +126,7 @@ def transformers_preprocess(folder: Path) -> PreprocessSpec:
         if edge >= 384 or crop_pct is None:  # warps to edge x edge, no crop
             problems.append(f"{kind} resizes to {edge}x{edge} without keeping the aspect ratio")
         else:
-            resize, crop = int(edge / crop_pct), edge
+            resize, crop = int(edge / crop_fraction(crop_pct, "crop_pct", str(path), str(folder))), edge
     elif "shortest_edge" in size and cfg.get("do_center_crop"):  # e.g. CLIP/BiT-style: shorter side, then crop
         crop_size = cfg.get("crop_size") or {}
         crop_size = {"height": crop_size, "width": crop_size} if isinstance(crop_size, int) else crop_size
@@ -142,10 +149,15 @@ def transformers_preprocess(folder: Path) -> PreprocessSpec:
     return PreprocessSpec(
         resize_size=resize,
         crop_size=crop,
-        mean=tuple(cfg.get("image_mean") or (0.5, 0.5, 0.5)),
-        std=tuple(cfg.get("image_std") or (0.5, 0.5, 0.5)),
+        mean=channel_triplet(_or_half(cfg.get("image_mean")), "image_mean", str(path), str(folder)),
+        std=channel_triplet(_or_half(cfg.get("image_std")), "image_std", str(path), str(folder), positive=True),
         interpolation=resample,
     )
+
+
+def _or_half(value: object) -> object:
+    """transformers' default mean and std (0.5 per channel) where the processor names none."""
+    return [0.5] * 3 if value is None else value
 
 
 def folder_entry(model: str, kind: str, preprocess_overridden: bool = False):
@@ -158,13 +170,22 @@ def folder_entry(model: str, kind: str, preprocess_overridden: bool = False):
     config = read_json(folder / CONFIG_FILE)
     labels = folder_labels(folder, config)
     architecture = architecture_of(folder, kind)
+    # Refused here, before the planner or a worker builds anything from the folder.
+    check_folder_model(folder, kind, config, architecture)
     try:
-        if kind == TIMM_FOLDER_FAMILY:
-            cfg = dict(config["pretrained_cfg"])
-            cfg.setdefault("input_size", (3, 224, 224))
-            preprocess = timm_preprocess(architecture, cfg)
-        else:
-            preprocess = transformers_preprocess(folder)
+        try:
+            if kind == TIMM_FOLDER_FAMILY:
+                cfg = dict(config["pretrained_cfg"])
+                cfg.setdefault("input_size", (3, 224, 224))
+                preprocess = timm_preprocess(architecture, cfg, str(folder / CONFIG_FILE))
+            else:
+                preprocess = transformers_preprocess(folder)
+        except SettingsError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of a shape no processor writes
+            raise SettingsError(
+                "--model", str(folder), f"{folder}'s preprocessing config cannot be read ({exc}).", FLAGS_HINT
+            ) from None
     except SettingsError:
         if not preprocess_overridden:
             raise
@@ -190,24 +211,48 @@ class LogitsOnly(nn.Module):
         return self.model(pixel_values=images).logits
 
 
-def load_folder_model(entry) -> tuple[nn.Module, Path]:
-    """The folder's model in eval mode on the CPU with its saved weights, and the weights file."""
-    folder = Path(entry.model)
-    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
-    if weights is None:
-        raise SettingsError(
-            "--model", str(folder), f"{folder} holds no model.safetensors or pytorch_model.bin.", "Save it again."
-        )
-    if entry.family == TIMM_FOLDER_FAMILY:
-        from compile.timm_support import import_timm
+def check_folder_model(folder: Path, kind: str, config: dict, architecture: str) -> Path | None:
+    """``SettingsError`` naming the file and the fix unless what the folder names builds without its own
+    code, the Hub or another folder; then its weights file, if it has one, checked to be one (None: it
+    has none, which only loading it refuses: the folder's facts are read without its weights)."""
+    config_file = folder / CONFIG_FILE
+    if kind == TIMM_FOLDER_FAMILY:
+        from compile.timm_support import check_timm_architecture
 
-        model = import_timm().create_model(
-            architecture_of(folder, entry.family), pretrained=False, num_classes=entry.num_classes
-        )
-        model.load_state_dict(read_state_dict(weights))
-        return model.eval(), weights
+        check_timm_architecture(architecture, str(config_file), str(folder))
+    else:
+        if "auto_map" in config:
+            raise SettingsError(
+                "--model",
+                str(folder),
+                f"{config_file} has an auto_map: the model is code shipped in the folder, and vision-serve runs no "
+                "code from a model folder.",
+                "Save a model of a class transformers has (save_pretrained without custom code), or export it to "
+                "ONNX on a machine you trust and serve the .onnx.",
+            )
+        check_transformers_type(folder, config)
+    weights = next((folder / n for n in WEIGHTS_FILES if (folder / n).is_file()), None)
+    if weights is None:
+        return None
+    if weights.stat().st_size == 0:
+        raise SettingsError("--model", str(folder), f"{weights} is empty.", SAVE_AGAIN)
+    if weights.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights), framework="pt"):  # reads the header only
+                pass
+        except Exception as exc:  # safetensors' SafetensorError, OSError
+            raise SettingsError(
+                "--model", str(folder), f"{weights} is not a safetensors file ({str(exc)[:200]}).", SAVE_AGAIN
+            ) from None
+    return weights
+
+
+def check_transformers_type(folder: Path, config: dict) -> None:
+    """Its ``model_type`` must be an image classifier transformers has (AutoModelForImageClassification)."""
     try:
-        from transformers import AutoModelForImageClassification
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
     except ImportError:
         raise SettingsError(
             "--model",
@@ -215,7 +260,60 @@ def load_folder_model(entry) -> tuple[nn.Module, Path]:
             f"{folder} is a transformers model: it needs transformers.",
             "pip install 'vision-serve[hf]'.",
         ) from None
-    model = AutoModelForImageClassification.from_pretrained(str(folder), local_files_only=True)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        raise SettingsError(
+            "--model",
+            str(folder),
+            f"{folder / CONFIG_FILE}: its model_type {model_type!r} is not an image classifier of transformers "
+            f"{_transformers_version()}.",
+            "Save a model of an image-classification class transformers has (e.g. ConvNextForImageClassification).",
+        )
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def load_folder_model(entry) -> tuple[nn.Module, Path]:
+    """The folder's model in eval mode on the CPU with its saved weights, and the weights file."""
+    folder = Path(entry.model)
+    config = read_json(folder / CONFIG_FILE)
+    weights = check_folder_model(folder, entry.family, config, architecture_of(folder, entry.family))
+    if weights is None:
+        raise SettingsError("--model", str(folder), f"{folder} holds no {' or '.join(WEIGHTS_FILES)}.", SAVE_AGAIN)
+    if entry.family == TIMM_FOLDER_FAMILY:
+        from compile.timm_support import create_timm_model
+
+        where = str(folder / CONFIG_FILE)
+        model = create_timm_model(
+            architecture_of(folder, entry.family), where, str(folder), num_classes=entry.num_classes
+        )
+        try:
+            model.load_state_dict(read_state_dict(weights))
+        except RuntimeError as exc:  # shapes or keys that do not fit the architecture
+            lines = str(exc).splitlines()
+            mismatch = (lines[1] if len(lines) > 1 else lines[0]).strip()[:300]
+            raise SettingsError(
+                "--model",
+                str(folder),
+                f"{weights} does not fit {where}'s architecture ({mismatch}).",
+                SAVE_AGAIN,
+            ) from None
+        return model.eval(), weights
+    from transformers import AutoModelForImageClassification
+
+    try:
+        with untrusted_load():
+            model = AutoModelForImageClassification.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=False, weights_only=True
+            )
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise SettingsError(
+            "--model", str(folder), f"{folder} did not load ({str(exc).splitlines()[0][:300]}).", SAVE_AGAIN
+        ) from None
     if model.config.num_labels != entry.num_classes:
         raise SettingsError(
             "--labels",
@@ -227,8 +325,15 @@ def load_folder_model(entry) -> tuple[nn.Module, Path]:
 
 
 def read_state_dict(path: Path) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    """The tensors of a folder's weights file: safetensors, or a pickle read by the weights-only unpickler."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(str(path))
+        with untrusted_load():
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # safetensors' SafetensorError, pickle's UnpicklingError, OSError...
+        raise SettingsError(
+            "--model", str(path.parent), f"Could not read {path} ({str(exc).splitlines()[0][:300]}).", SAVE_AGAIN
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from compile import _defaults
@@ -117,11 +118,11 @@ class CompileSettings(ModelRequest):
         self._check_calibration()
         check_device_flag(self.device)
         check_model_flags(ModelRequest.from_settings(self))
-        if self.workspace_gib <= 0:
+        if not math.isfinite(self.workspace_gib) or self.workspace_gib <= 0:
             raise SettingsError.must(
                 "--workspace-gib",
                 self.workspace_gib,
-                "be > 0",
+                "be a number > 0",
                 f"Leave it out for {_defaults.DEFAULT_TRT_WORKSPACE_GIB:g} GiB, or give what the builder may use.",
             )
         if self.optimization_level not in _defaults.TRT_OPTIMIZATION_LEVELS:
@@ -135,8 +136,12 @@ class CompileSettings(ModelRequest):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise SettingsError.must(flag(name), value, "be in 0..1", GATE_OVERRIDE_FIX)
-        if self.gate_max_rel_error is not None and self.gate_max_rel_error < 0:
-            raise SettingsError.must("--gate-max-rel-error", self.gate_max_rel_error, "be >= 0", GATE_OVERRIDE_FIX)
+        if self.gate_max_rel_error is not None and not (
+            math.isfinite(self.gate_max_rel_error) and self.gate_max_rel_error >= 0
+        ):
+            raise SettingsError.must(
+                "--gate-max-rel-error", self.gate_max_rel_error, "be a number >= 0", GATE_OVERRIDE_FIX
+            )
         if self.gate_max_prob_drop is not None and not 0.0 <= self.gate_max_prob_drop <= 1.0:
             raise SettingsError.must("--gate-max-prob-drop", self.gate_max_prob_drop, "be in 0..1", GATE_OVERRIDE_FIX)
 

@@ -71,11 +71,10 @@ def build_architecture(entry: ModelEntry) -> nn.Module:
         # Leave the activation alone: the Lite variants use ReLU6, and set_swish() would replace it.
         return EfficientNet.from_name(entry.model, num_classes=classes)
     if entry.family == "timm":
-        from compile.model_source import import_timm
+        from compile.timm_support import create_timm_model
 
-        return import_timm().create_model(
-            entry.model.removeprefix(_defaults.TIMM_PREFIX), pretrained=False, num_classes=classes
-        )
+        name = entry.model.removeprefix(_defaults.TIMM_PREFIX)
+        return create_timm_model(name, f"--model {entry.model}", entry.model, num_classes=classes)
     if entry.family in FILE_FAMILIES:
         return _load_model_file(entry, "imagenet").module
     if entry.family in FOLDER_FAMILIES:
@@ -109,9 +108,9 @@ class ExportedProgramModule(nn.Module):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
-        import torch.export
+        from compile.pt2_archive import load_exported_program
 
-        self.program = torch.export.load(str(path)).module()
+        self.program = load_exported_program(path).module()
 
     def train(self, mode: bool = True) -> ExportedProgramModule:
         return self

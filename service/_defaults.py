@@ -22,6 +22,11 @@ WORKERS_PER_DEVICE = 0
 # Threads each worker's engine runs on (torch's intra-op pool, ONNX Runtime's); 0: chosen with the
 # workers, so that workers x threads fits the cores this process may use.
 ENGINE_THREADS = 0
+# The most a flag may ask for each: past these a machine runs out of threads or processes (ENOMEM at
+# the workers' start) before it serves, and no machine that vision-serve runs on has more cores.
+MAX_ENGINE_THREADS = 1024
+MAX_WORKERS_PER_DEVICE = 256
+MAX_API_SERVERS = 256
 # The rule behind those zeros (service/supervisor/planning/sizing.py). A model under SMALL_MODEL_GMACS
 # multiply-accumulates per image (EfficientNet-Lite0 0.39, MobileNetV3 0.22, ResNet-18 1.8) gets a
 # worker per core on a CPU; a larger one (ResNet-50 4.1, ResNet-152 11.5) a worker per

@@ -114,9 +114,12 @@ def check_batching(settings: ServeSettings) -> None:
             "be >= 1 (1 turns batching off)",
             f"Leave it out for {_defaults.MAX_BATCH_SIZE}.",
         )
-    if settings.batch_timeout_ms < 0:
+    if not math.isfinite(settings.batch_timeout_ms) or settings.batch_timeout_ms < 0:
         raise SettingsError.must(
-            "--batch-timeout-ms", settings.batch_timeout_ms, "be >= 0", "Use 0 to run each batch as soon as it can."
+            "--batch-timeout-ms",
+            settings.batch_timeout_ms,
+            "be a number >= 0",
+            "Use 0 to run each batch as soon as it can.",
         )
 
 
@@ -270,20 +273,26 @@ def check_repository(settings: ServeSettings) -> None:
 def check_workers(settings: ServeSettings) -> None:
     """The flags that lay out the processes; 0 lets the server choose (service/supervisor/planning/)."""
     auto = "Use 0 to let the server choose (--print-config shows what and why)."
-    if settings.workers_per_device < 0:
+    if not 0 <= settings.workers_per_device <= _defaults.MAX_WORKERS_PER_DEVICE:
         raise SettingsError.must(
             "--workers-per-device",
             settings.workers_per_device,
-            "be >= 1, or 0 to choose from the engine and the machine",
+            f"be >= 1, or 0 to choose from the engine and the machine; at most {_defaults.MAX_WORKERS_PER_DEVICE}",
             auto,
         )
-    if settings.engine_threads < 0:
+    if not 0 <= settings.engine_threads <= _defaults.MAX_ENGINE_THREADS:
         raise SettingsError.must(
-            "--engine-threads", settings.engine_threads, "be >= 1, or 0 to share the cores among the workers", auto
+            "--engine-threads",
+            settings.engine_threads,
+            f"be >= 1, or 0 to share the cores among the workers; at most {_defaults.MAX_ENGINE_THREADS}",
+            auto,
         )
-    if settings.api_servers < 0:
+    if not 0 <= settings.api_servers <= _defaults.MAX_API_SERVERS:
         raise SettingsError.must(
-            "--api-servers", settings.api_servers, "be >= 1, or 0 to size it to the devices and cores", auto
+            "--api-servers",
+            settings.api_servers,
+            f"be >= 1, or 0 to size it to the devices and cores; at most {_defaults.MAX_API_SERVERS}",
+            auto,
         )
     if settings.pipeline_depth < 0:
         raise SettingsError.must(

@@ -12,7 +12,7 @@ import torch
 
 from compile.backends import EngineCallable, get_backend
 from compile.catalog import ModelEntry, entry_from_manifest
-from compile.compat import describe_problems, device_problems, version_problems
+from compile.compat import check_artifact_files, describe_problems, device_problems, version_problems
 from compile.devices import describe_device
 from compile.engine import use_exact_fp32
 from compile.manifest import Manifest, read_manifest
@@ -134,6 +134,7 @@ def ensure_servable(
     problems += version_problems(manifest, artifact_versions(manifest))
     if problems:
         raise ValueError(describe_problems(str(directory), problems))
+    check_artifact_files(manifest, directory)
 
 
 def load_artifact(directory: str | Path, device: torch.device, name: str = "") -> ServedModel:

@@ -57,7 +57,8 @@ CLIENT = "service.client"
 
 COMPILE_LAYERS: list[tuple[str, ...]] = [
     # leaves: defaults, the refusal of a setting, logs, the machine, the libraries' versions, where
-    # engines are unpacked
+    # engines are unpacked, the guards of untrusted model files (the load's, ONNX external data, a
+    # folder's numbers)
     (
         "compile._defaults",
         "compile.settings_errors",
@@ -68,6 +69,9 @@ COMPILE_LAYERS: list[tuple[str, ...]] = [
         "compile.torch_logging",
         "compile.progress",
         "compile.unpacking",
+        "compile.offline_loads",
+        "compile.onnx_external_data",
+        "compile.config_values",
     ),
     # what a compile is asked and what it records: flags, settings, the model request, the manifest
     (
@@ -76,6 +80,7 @@ COMPILE_LAYERS: list[tuple[str, ...]] = [
         "compile.settings",
         "compile.manifest",
         "compile.labels",
+        "compile.pt2_archive",
         "compile.model_files",
         "compile.timm_support",
     ),
