@@ -82,6 +82,19 @@ MAX_QUEUE = 256
 # 504, and work still queued for it is dropped instead of run. Always on: it is also what answers a
 # request lost with a crashed worker.
 REQUEST_TIMEOUT_S = 30.0
+# A worker that stops answering (service/supervisor/pool/hangs.py). Each serving worker beats twice a
+# second from a thread of its own, also in the middle of a long batch. One silent for
+# WORKER_HEARTBEAT_TIMEOUT_S (stopped, or frozen in a native call that holds the GIL) is marked
+# unresponsive: /ready answers 503, no request goes to it, and what it holds is answered 503; silent
+# for twice that, it is killed and restarted (back to ready if it beats again before). 0: off.
+WORKER_HEARTBEAT_TIMEOUT_S = 5.0
+WORKER_BEAT_INTERVAL_S = 0.5  # not a flag: how often workers beat (service/transport/heartbeats.py)
+MIN_WORKER_HEARTBEAT_TIMEOUT_S = 1.0  # two beats
+# One batch that runs this long while its worker still beats (an engine that never returns, a
+# deadlocked library) gets the worker killed and restarted the same way; 0: BATCH_HANG_REQUEST_TIMEOUTS
+# x --request-timeout-s (2 minutes by default), when every request of that batch got its 504 long ago.
+BATCH_HANG_TIMEOUT_S = 0.0
+BATCH_HANG_REQUEST_TIMEOUTS = 4
 # Each HTTP connection (service/uvicorn_bridge.py): a request's headers must arrive within
 # HEADER_TIMEOUT_S of the connection's opening (or of the request's first byte) and be at most
 # MAX_HEADER_BYTES; its body within BODY_TIMEOUT_S of the headers (a 32 MB upload at 1 MB/s takes 32 s).

@@ -54,6 +54,11 @@ _HELP = {
     "an OIP batch); more get 413",
     "max_queue": "most images queued or being processed at once; more get 503 with Retry-After",
     "request_timeout_s": "deadline from admission to answer, queue and inference included; later answers are 504",
+    "worker_heartbeat_timeout_s": "seconds a serving inference worker may go without a heartbeat (stopped, or "
+    "frozen); then it is marked unresponsive and its requests get 503, and at twice that it is killed and "
+    "restarted; 0: off",
+    "batch_hang_timeout_s": "seconds one batch may run while its worker still beats (a hung engine); then the "
+    "worker is killed and restarted; 0: 4 x --request-timeout-s",
     "max_header_bytes": "largest request headers accepted (all header lines together); larger ones get 431",
     "header_timeout_s": "seconds a request's headers may take to arrive, from the connection's opening or the "
     "request's first byte; slower ones get 408 and the connection closes",

@@ -38,6 +38,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
+# Why the main process found a worker hung (service/supervisor/pool/hangs.py): the workers_hung label.
+HUNG_SILENT, HUNG_STUCK_BATCH = "silent", "stuck_batch"
+HUNG_REASONS = (HUNG_SILENT, HUNG_STUCK_BATCH)
+
 # Every metric the server exports (histograms add _bucket, _sum and _count series; counters _total).
 METRIC_NAMES = tuple(
     PREFIX + name
@@ -52,6 +56,7 @@ METRIC_NAMES = tuple(
         "requests_expired_total",
         "workers",
         "worker_restarts_total",
+        "workers_hung_total",
         "gpu_memory_used_bytes",
         "gpu_memory_total_bytes",
         "build_info",
@@ -120,6 +125,7 @@ class Metrics:
     images: Any
     requests_expired: Any
     worker_restarts: Any
+    workers_hung: Any
     model_images: Any
     gpu_memory_used: Any
     gpu_memory_total: Any
@@ -200,6 +206,13 @@ def metrics() -> Metrics:
             **common,
         ),
         worker_restarts=Counter(PREFIX + "worker_restarts", "Inference workers restarted after they died.", **common),
+        workers_hung=Counter(
+            PREFIX + "workers_hung",
+            "Inference workers found hung by the main process, by reason: silent (no heartbeat for "
+            "--worker-heartbeat-timeout-s) or stuck_batch (one batch past --batch-hang-timeout-s).",
+            ["reason"],
+            **common,
+        ),
         model_images=Counter(
             PREFIX + "model_images",
             "Images answered by each model version, by status code (a request of N images counts N).",
@@ -265,6 +278,8 @@ def metrics() -> Metrics:
         made.cache_redis_errors.labels(reason=reason)
     for where in ("http", "worker"):
         made.requests_abandoned.labels(where=where)
+    for reason in HUNG_REASONS:
+        made.workers_hung.labels(reason=reason)
     return made
 
 

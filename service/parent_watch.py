@@ -3,7 +3,7 @@
 SIGKILL leaves the main process no chance to stop its children, and nothing in Linux stops them for
 it: ``PR_SET_PDEATHSIG`` fires when the *thread* that started a child ends, and inference workers
 are started from the load and restart threads. So every child (the inference workers, the HTTP
-processes, LitServe's manager) runs ``exit_with_parent``: a thread that checks, twice a second, that
+processes, LitServe's manager, the planner) runs ``exit_with_parent``: a thread that checks, twice a second, that
 its parent is still the main process, and ends the process at once when it is not.
 """
 

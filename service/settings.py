@@ -57,6 +57,8 @@ class ServeSettings(ModelRequest):
     max_images_per_request: int = _defaults.MAX_IMAGES_PER_REQUEST
     max_queue: int = _defaults.MAX_QUEUE
     request_timeout_s: float = _defaults.REQUEST_TIMEOUT_S
+    worker_heartbeat_timeout_s: float = _defaults.WORKER_HEARTBEAT_TIMEOUT_S
+    batch_hang_timeout_s: float = _defaults.BATCH_HANG_TIMEOUT_S
     max_header_bytes: int = _defaults.MAX_HEADER_BYTES
     header_timeout_s: float = _defaults.HEADER_TIMEOUT_S
     body_timeout_s: float = _defaults.BODY_TIMEOUT_S
@@ -192,6 +194,7 @@ def check_limits(settings: ServeSettings) -> None:
             "be a number > 0",
             f"Leave it out for {_defaults.REQUEST_TIMEOUT_S:g} s, or give a large value for long batches.",
         )
+    check_hang_timeouts(settings)
     if settings.request_timeout_s * 1000 <= settings.batch_timeout_ms:
         raise SettingsError(
             "--request-timeout-s, --batch-timeout-ms",
@@ -200,6 +203,32 @@ def check_limits(settings: ServeSettings) -> None:
             f"{settings.batch_timeout_ms} (the wait for a batch to fill), or every request would time out.",
             "Raise --request-timeout-s, or lower --batch-timeout-ms.",
         )
+
+
+def check_hang_timeouts(settings: ServeSettings) -> None:
+    """When a worker counts as hung: --worker-heartbeat-timeout-s, --batch-hang-timeout-s."""
+    heartbeat = settings.worker_heartbeat_timeout_s
+    least = _defaults.MIN_WORKER_HEARTBEAT_TIMEOUT_S
+    if not math.isfinite(heartbeat) or not (heartbeat == 0 or heartbeat >= least):
+        raise SettingsError.must(
+            "--worker-heartbeat-timeout-s",
+            heartbeat,
+            f"be 0 (off) or >= {least:g} s (workers beat every {_defaults.WORKER_BEAT_INTERVAL_S:g} s)",
+            f"Leave it out for {_defaults.WORKER_HEARTBEAT_TIMEOUT_S:g} s.",
+        )
+    if not math.isfinite(settings.batch_hang_timeout_s) or settings.batch_hang_timeout_s < 0:
+        raise SettingsError.must(
+            "--batch-hang-timeout-s",
+            settings.batch_hang_timeout_s,
+            "be a number of seconds >= 0",
+            f"Leave it out for {_defaults.BATCH_HANG_REQUEST_TIMEOUTS} x --request-timeout-s.",
+        )
+
+
+def batch_hang_timeout_s(settings: ServeSettings) -> float:
+    """How long one batch may run while its worker beats: the flag, or by default a multiple of the
+    request deadline (a batch past it has had every request answered 504)."""
+    return settings.batch_hang_timeout_s or _defaults.BATCH_HANG_REQUEST_TIMEOUTS * settings.request_timeout_s
 
 
 def check_keys(settings: ServeSettings) -> None:

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from compile.sample_photos import CAT_LABELS, sample_photo, sample_photo_file
+from tests.worker_hold import HOLD_SAFE_ENV
 
 __all__ = ["CAT_LABELS"]  # the tests import it from here
 
@@ -26,6 +27,10 @@ __all__ = ["CAT_LABELS"]  # the tests import it from here
 # would add a model load to each of the suite's many starts. The automatic choice is tested where it
 # is the subject (tests/unit/test_sizing.py, tests/e2e/test_sizing_live.py), with this variable removed.
 os.environ.setdefault("VISION_SERVE_WORKERS_PER_DEVICE", "1")
+# Tests hold workers with SIGSTOP to make requests share a batch (tests/worker_hold.py): a hold must not
+# read as a hang. The hang detection is tested with bounds of its own (tests/e2e/test_hung_workers.py).
+for _name, _value in HOLD_SAFE_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 TIERS = ("unit", "integration", "e2e", "container")  # the folders under tests/: where a test lives says what it needs
 

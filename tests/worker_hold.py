@@ -18,6 +18,11 @@ from collections.abc import Callable, Iterator
 import httpx
 
 HOLD_TIMEOUT_S = 60.0
+# A held worker sends no heartbeat: the servers of the tests that hold one must not take it for hung
+# (service/supervisor/pool/hangs.py: by default 5 s marks it unresponsive, 10 s kills it) while it is
+# held, up to HOLD_TIMEOUT_S. tests/conftest.py sets it for every server the suite starts as a
+# subprocess; tests/e2e/test_hung_workers.py gives its own.
+HOLD_SAFE_ENV = {"VISION_SERVE_WORKER_HEARTBEAT_TIMEOUT_S": str(2 * HOLD_TIMEOUT_S)}
 
 
 @contextlib.contextmanager

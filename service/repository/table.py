@@ -41,9 +41,10 @@ class RoutingTable:
     models: dict[str, dict[int, VersionRoute]] = field(default_factory=dict)
     draining: tuple[int, ...] = ()
     default_model: str = ""  # /predict without ?model=; "" when there is no single answer
-    # Worker id -> "starting", "ready" or "error", of every worker the main process has (it publishes
-    # a new table at each change): requests go only to ready ones, and a worker that is not ready
-    # has the requests it held answered with 503 (service/http/base/worker_watch.py).
+    # Worker id -> "starting", "ready", "error" or "unresponsive" (hung: service/supervisor/pool/
+    # hangs.py), of every worker the main process has (it publishes a new table at each change):
+    # requests go only to ready ones, and a worker that is not ready has the requests it held
+    # answered with 503 (service/http/base/worker_watch.py).
     worker_states: dict[int, str] = field(default_factory=dict)
 
     def routes(self) -> list[VersionRoute]:

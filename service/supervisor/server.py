@@ -34,6 +34,7 @@ from service.metrics import mark_process_dead, metrics, multiprocess_mode
 from service.settings import ServeSettings
 from service.supervisor.planning.layout import ServerLayout, server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
+from service.supervisor.pool.hangs import hang_watch
 from service.supervisor.pool.repository_operations import RepositoryOperations
 from service.supervisor.pool.restarts import WorkerRestarter
 from service.supervisor.pool.states import WorkerStates
@@ -41,6 +42,8 @@ from service.supervisor.pool.table_publisher import TablePublisher
 from service.supervisor.pool.workers import WorkerHooks, WorkerSet, spawn_worker
 from service.transport.channels import ChannelConfig
 from service.transport.control_channel import ERROR, READY, ControlServer
+from service.transport.heartbeats import FIELDS as HEARTBEAT_FIELDS
+from service.transport.heartbeats import HeartbeatBoard
 from service.uvicorn_bridge import ConnectionLimits, guarded_http_protocol
 from service.worker.entry import CLASSIFIER, WorkerEntry
 from service.worker.loop import BatchPolicy, GreedyBatchedLoop
@@ -91,6 +94,9 @@ class VisionLitServer(LitServerBridge):
         # Per worker slot, the size of the batch it runs now: the queue depth is what is admitted and
         # not running. Shared memory, made before any worker spawns (they get it with the loop).
         self.running = multiprocessing.Array("i", RUNNING_SLOTS, lock=False)
+        # Per worker slot, its last heartbeat and its batch's start, which the hang watch reads.
+        self.heartbeats = multiprocessing.Array("d", RUNNING_SLOTS * HEARTBEAT_FIELDS, lock=False)
+        self.heartbeat_board = HeartbeatBoard(self.heartbeats)
         # Per HTTP process, the routing table generation it follows (-1: not started yet).
         self.table_acks = multiprocessing.Array("q", [-1] * layout.api_servers, lock=False)
         self.initial_plans = list(plans)
@@ -134,9 +140,11 @@ class VisionLitServer(LitServerBridge):
             batch_timeout_s=settings.batch_timeout_ms / 1000,
             pipeline_depth=settings.pipeline_depth,
         )
-        return WorkerEntry(settings, GreedyBatchedLoop(self.channels, policy, self.running), self.model_path)
+        loop = GreedyBatchedLoop(self.channels, policy, self.running, heartbeats=self.heartbeats)
+        return WorkerEntry(settings, loop, self.model_path)
 
     def spawn_worker(self, entry: object, worker_id: int, device: object) -> BaseProcess:
+        self.heartbeat_board.clear(worker_id)  # nothing of a predecessor's is read as the new one's
         return spawn_worker(entry, worker_id, device, self.channels.directory)
 
     def launch_workers(self) -> list:
@@ -183,7 +191,8 @@ class VisionLitServer(LitServerBridge):
             yield
 
     def start_worker_monitor(self) -> None:
-        restarter = WorkerRestarter(self.worker_set, self.worker_hooks, self._stop_with_error)
+        hangs = hang_watch(self.settings, self.worker_set, self.heartbeat_board)
+        restarter = WorkerRestarter(self.worker_set, self.worker_hooks, self._stop_with_error, hangs)
         thread = threading.Thread(
             target=restarter.watch,
             kwargs={"stopping": self._stopping, "metrics_restart": self._count_restart},

@@ -36,8 +36,10 @@ POLL_INTERVAL_MS = 50
 # How long a worker waits for the main process to take its report: it is there unless it is stopping.
 REPORT_TIMEOUT_MS = 10_000
 
-# A worker's states, as the main process keeps them and /ready shows them.
-STARTING, READY, ERROR = "starting", "ready", "error"
+# A worker's states, as the main process keeps them and /ready shows them. UNRESPONSIVE is the main
+# process's own verdict, never a report: no heartbeat, or one batch held far too long
+# (service/supervisor/pool/hangs.py).
+STARTING, READY, ERROR, UNRESPONSIVE = "starting", "ready", "error", "unresponsive"
 
 
 @dataclass(frozen=True)

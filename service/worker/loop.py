@@ -13,6 +13,10 @@ until the worker's version is retired and everything it was sent is answered. It
 - service/worker/contract.py: what the loop is given, the model (``BatchedModel``, implemented by
   service/worker/classifier.py) and the batching flags (``BatchPolicy``).
 
+While it serves, a thread of the worker beats on its heartbeat (service/transport/heartbeats.py),
+whatever the loop does, and the runner shows there the batch it holds: the main process tells from
+them a stopped or hung worker from a busy one (service/supervisor/pool/hangs.py).
+
 The loop also serves ``--max-batch-size 1`` (a batch of one), so there is one request path.
 
 When a batch broke the device (a sticky CUDA error: every later call would fail too), its 503s
@@ -30,6 +34,7 @@ from collections.abc import Callable, MutableSequence
 
 from preprocessing.errors import DeviceUnusable
 from service.transport.channels import ChannelConfig, WorkerChannel
+from service.transport.heartbeats import Heartbeat, HeartbeatBoard
 from service.worker.collector import BatchCollector
 from service.worker.contract import BatchedModel, BatchPolicy
 from service.worker.pipeline import PipelinedRunner
@@ -48,7 +53,7 @@ class GreedyBatchedLoop:
 
     ``running``: a shared array, per worker the size of the batch it runs now (0 when idle), from
     which the HTTP processes compute the queue depth. ``exit_process``: how the worker process ends
-    when its device broke.
+    when its device broke. ``heartbeats``: the shared heartbeat board's array (None: no heartbeat).
     """
 
     def __init__(
@@ -57,20 +62,25 @@ class GreedyBatchedLoop:
         policy: BatchPolicy,
         running: MutableSequence[int] | None = None,
         exit_process: Callable[[int], object] = os._exit,
+        heartbeats: MutableSequence[float] | None = None,
     ) -> None:
         self.channels = channels
         self.policy = policy
         self.running = running
         self.exit_process = exit_process
+        self.heartbeats = heartbeats
 
     def serve(self, model: BatchedModel, worker_id: int) -> None:
         """Answer requests from this worker's channel until the process ends."""
         channel = WorkerChannel(self.channels, worker_id)
         collector = BatchCollector(channel, self.policy)
-        runner = BatchRunner(model, channel, worker_id, self.running)
+        heartbeat = None if self.heartbeats is None else Heartbeat(HeartbeatBoard(self.heartbeats), worker_id)
+        runner = BatchRunner(model, channel, worker_id, self.running, heartbeat)
         watch = getattr(model, "watch_other_workers", None)  # optional: service/worker/contract.py
         if watch is not None:
             watch(runner.others_idle)
+        if heartbeat is not None:
+            heartbeat.start()
         try:
             if self.policy.pipeline_depth > 1:
                 PipelinedRunner(collector, runner, self.policy.pipeline_depth - 1).serve(threading.Event())
@@ -92,4 +102,6 @@ class GreedyBatchedLoop:
             # teardown on the broken context, and the prepare thread may be inside a CUDA call.
             self.exit_process(EXIT_DEVICE_UNUSABLE)
         finally:
+            if heartbeat is not None:
+                heartbeat.stop()
             channel.close()

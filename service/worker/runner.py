@@ -1,5 +1,8 @@
 """How the inference worker runs a batch on its model and answers it.
 
+Each batch is framed on the worker's heartbeat (service/transport/heartbeats.py): the main process
+sees which batch it holds and since when, and so tells a busy worker from a hung one.
+
 A batch that fails answers 500 and the worker goes on, unless the failure broke the device itself
 (a sticky CUDA error: every later call would fail too). Then the batch is answered 503 (retry-safe)
 and ``finish`` raises ``DeviceUnusable``: the loop (service/worker/loop.py) ends the process with
@@ -15,6 +18,7 @@ from typing import Generic
 from preprocessing.errors import DeviceUnusable
 from service.errors import Internal, Unavailable
 from service.transport.channels import WorkerChannel
+from service.transport.heartbeats import Heartbeat
 from service.wire import QueuedRequest, answer_for
 from service.worker.contract import BatchedModel, Prepared
 
@@ -33,7 +37,8 @@ class BatchRunner(Generic[Prepared]):
     """Runs ``model`` on the batches taken from ``channel`` and answers them there.
 
     ``running``: a shared array, per worker the size of the batch it runs now (0 when idle), from
-    which the HTTP processes compute the queue depth; this worker writes its slot.
+    which the HTTP processes compute the queue depth; this worker writes its slot. ``heartbeat``:
+    where the batch it holds is shown (from its prepare at pipeline depth 1, from its run at 2+).
     """
 
     def __init__(
@@ -42,11 +47,14 @@ class BatchRunner(Generic[Prepared]):
         channel: WorkerChannel,
         worker_id: int,
         running: MutableSequence[int] | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.model = model
         self.channel = channel
         self.running = running
+        self.heartbeat = heartbeat
         self._slot = worker_id % len(running) if running is not None else 0
+        self._holding = False  # a batch is on the heartbeat (set and cleared by the running thread)
 
     def others_idle(self) -> bool:
         """Whether no other worker of the server is running a batch now (a lone image may then use
@@ -58,7 +66,8 @@ class BatchRunner(Generic[Prepared]):
 
     def run_batch(self, batch: list[QueuedRequest]) -> None:
         """Prepare and run one batch, and answer it (pipeline depth 1)."""
-        self.finish(batch, self.prepare(batch))
+        self._hold()
+        self.finish(batch, self.prepare(batch))  # prepare never raises: finish releases the batch
 
     def prepare(self, batch: list[QueuedRequest]) -> Prepared | PrepareFailed:
         """``model.prepare`` of the requests, or the exception it raised (``finish`` answers it)."""
@@ -71,6 +80,8 @@ class BatchRunner(Generic[Prepared]):
         """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
         failure broke the device."""
         model, running = self.model, self.running
+        if not self._holding:
+            self._hold()
         if running is not None:
             running[self._slot] = len(batch)
         unusable = None
@@ -98,9 +109,20 @@ class BatchRunner(Generic[Prepared]):
         finally:
             if running is not None:
                 running[self._slot] = 0
+            self._release()
         self.channel.answer_many(list(zip(batch, answers, strict=True)))
         if unusable is not None:
             raise DeviceUnusable(unusable)
+
+    def _hold(self) -> None:
+        self._holding = True
+        if self.heartbeat is not None:
+            self.heartbeat.batch_started()
+
+    def _release(self) -> None:
+        self._holding = False
+        if self.heartbeat is not None:
+            self.heartbeat.batch_finished()
 
 
 class PrepareFailed:

@@ -22,7 +22,7 @@ from benchmarks.harness.podman import Build, Container, image_size, podman, run_
 from service.client.launcher import free_port
 from tests.conftest import CAT_LABELS
 from tests.tools import require_tool
-from tests.worker_hold import in_flight, wait_until, worker_held
+from tests.worker_hold import HOLD_SAFE_ENV, in_flight, wait_until, worker_held
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_UID = 10001  # Dockerfile's ARG APP_UID
@@ -223,7 +223,7 @@ def test_podman_stop_answers_every_request_in_flight(
     """Requests admitted and held (the worker stopped) when `podman stop` sends SIGTERM: all answered, 200."""
     if os.geteuid() != 0:
         pytest.skip("holding the container's worker (SIGSTOP from the host) needs root's podman")
-    container = run_container(cpu_image.reference, f"vs-test-{run_id}-drain", first_start.volume)
+    container = run_container(cpu_image.reference, f"vs-test-{run_id}-drain", first_start.volume, env=HOLD_SAFE_ENV)
     held = 8
     try:
         container.wait_answering("/ready", FIRST_START_TIMEOUT_S)

@@ -203,6 +203,43 @@ def test_sigkill_of_the_main_process_leaves_no_process(tmp_path) -> None:
         httpx.get(f"{server.url}/health", timeout=2)
 
 
+PLANNER_GONE_WITHIN_S = 2.0
+# The main process's part of planning, as at launch: start the planner, hand it the settings, wait.
+PLANS = """
+from service.settings import ServeSettings
+from service.supervisor.planning.launch import start_planning
+start_planning(ServeSettings(model="efficientnet-lite0")).result()
+"""
+
+
+def test_a_planner_whose_main_process_is_killed_ends_too() -> None:
+    """The planner child (service/supervisor/planning/) imports torch and plans for seconds once it has
+    its settings: a main process killed meanwhile (SIGKILL, the OOM killer) must not leave it running.
+    It watches its parent from its first line (service/parent_watch.py)."""
+    main = subprocess.Popen([sys.executable, "-c", PLANS])
+    planner = None
+    try:
+        deadline = time.monotonic() + 60
+        while planner is None and time.monotonic() < deadline and main.poll() is None:
+            found = [c for c in descendants_of(main.pid) if "service.supervisor.planning" in " ".join(c.cmdline())]
+            planner = found[0] if found else None
+            time.sleep(0.02)
+        assert planner is not None, "the main process never started its planner"
+        time.sleep(0.5)  # its settings are in its stdin by now, and it is importing torch
+        assert still_running([planner]), "the planner ended before the main process was killed"
+        main.kill()
+        killed_at = time.monotonic()
+        while still_running([planner]) and time.monotonic() - killed_at < 60:
+            time.sleep(0.02)
+        outlived_s = time.monotonic() - killed_at
+    finally:
+        main.kill()
+        main.wait(timeout=10)
+        if planner is not None and still_running([planner]):
+            planner.kill()
+    assert outlived_s < PLANNER_GONE_WITHIN_S, f"the planner outlived the main process by {outlived_s:.1f} s"
+
+
 def test_worker_startup_failure_exits_nonzero_and_cleans_up(tmp_path) -> None:
     garbage = tmp_path / "weights.pt"
     garbage.write_bytes(b"this is not a state_dict")

@@ -73,6 +73,7 @@ def test_a_missing_config_file_names_where_its_path_came_from(tmp_path) -> None:
 def test_print_config_shows_sources_round_trips_and_hides_the_key(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("VISION_SERVE_API_KEY", "s3cret-key")
     monkeypatch.setenv("VISION_SERVE_WORKERS_PER_DEVICE", "2")
+    monkeypatch.delenv("VISION_SERVE_WORKER_HEARTBEAT_TIMEOUT_S", raising=False)  # the suite's (tests/conftest.py)
     assert main(["--print-config", "--max-batch-size", "8", "--log-format", "json"]) == 0
     printed = capsys.readouterr().out
     assert "s3cret-key" not in printed

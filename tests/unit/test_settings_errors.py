@@ -181,7 +181,7 @@ def test_a_settings_error_of_the_planner_child_keeps_its_fields(monkeypatch) -> 
     """The planner runs in a child process (service/supervisor/planning/launch.py): its refusal crosses
     as JSON and is raised again in the main process with the same flag, value and fix."""
     from service.settings import ServeSettings
-    from service.supervisor.planning import __main__ as child
+    from service.supervisor.planning import child
     from service.supervisor.planning.launch import Planning
 
     refusal = SettingsError("--model", "resnet125", "Unknown model 'resnet125'.", "Use 'resnet152'.")

@@ -4,9 +4,10 @@ service/supervisor/pool/).
 ``WorkerWatch`` keeps a fresh copy of the routing table the main process publishes (which workers
 serve which model version, and each worker's state: service/repository/table.py), for ``/ready`` and
 to send work only to ready workers of the version asked for. At each new table it answers with 503
-the unanswered requests this process sent to any worker that is not ready (it died and is being
-restarted), sends the final message to workers whose version was retired, and records the table
-generation it follows, which a load call waits for. The HTTP process picks the worker of every
+the unanswered requests this process sent to any worker that is not ready (it died, or stopped
+answering: service/supervisor/pool/hangs.py, and is being restarted), sends the final message to
+workers whose version was retired, and records the table generation it follows, which a load call
+waits for. The HTTP process picks the worker of every
 request (service/transport/channels.py), so it knows exactly which requests a dead worker held.
 Looking for a new table costs one ``stat`` per poll: no round trip to another process.
 """
@@ -20,7 +21,7 @@ from collections.abc import MutableSequence
 from service.errors import Unavailable
 from service.repository.table import RoutingTable, TableFile, VersionRoute
 from service.transport.channels import ApiChannel
-from service.transport.control_channel import READY
+from service.transport.control_channel import READY, UNRESPONSIVE
 from service.wire import Answer, answer_for
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,15 @@ def worker_crashed_answer() -> Answer:
         Unavailable(
             "The inference worker handling this request stopped unexpectedly and is being restarted. The request "
             "was not completed; retrying it is safe."
+        )
+    )
+
+
+def worker_hung_answer() -> Answer:
+    return answer_for(
+        Unavailable(
+            "The inference worker handling this request stopped answering (no heartbeat, or one batch far past its "
+            "time) and is being restarted. The request was not completed; retrying it is safe."
         )
     )
 
@@ -111,10 +121,14 @@ class WorkerWatch:
         """Answer with 503 what this process sent to a worker that is not ready."""
         for worker_id, state in self.states.items():
             if state != READY:
-                failed = self._channel.fail_worker(worker_id, worker_crashed_answer())
+                hung = state == UNRESPONSIVE
+                failed = self._channel.fail_worker(worker_id, worker_hung_answer() if hung else worker_crashed_answer())
                 if failed:
                     logger.warning(
-                        "Answered %d request(s) held by inference worker %d with 503: it died.", failed, worker_id
+                        "Answered %d request(s) held by inference worker %d with 503: it %s.",
+                        failed,
+                        worker_id,
+                        "stopped answering" if hung else "died",
                     )
 
     async def run(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -20,7 +21,7 @@ from compile.settings_errors import SettingsError
 from service.settings import ServeSettings
 from service.supervisor.planning.plans import LoadRequest, VersionPlan
 
-PLANNER = (sys.executable, "-m", "service.supervisor.planning")
+PLANNER = (sys.executable, "-m", "service.supervisor.planning")  # + this process's pid, which it watches
 
 
 class PlanningFailed(RuntimeError):
@@ -33,8 +34,13 @@ class Planning:
     def __init__(self, settings: ServeSettings, load: LoadRequest | None = None) -> None:
         self._keys = settings
         public = dataclasses.replace(settings, api_key="", admin_api_key="")
+        # It ends itself once this process is gone (a SIGKILL leaves no chance to stop it): __main__.py.
         self._process = subprocess.Popen(
-            PLANNER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            (*PLANNER, str(os.getpid())),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self._input = json.dumps({"settings": asdict(public), "load": None if load is None else asdict(load)})
 

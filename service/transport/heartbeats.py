@@ -1,0 +1,107 @@
+"""Heartbeats: how the main process tells a worker that stopped answering from one that is only busy.
+
+A shared array of doubles (``HeartbeatBoard``), two per worker slot: when the worker last beat, and
+when the batch it holds started (0: it holds none), both on ``time.monotonic`` (CLOCK_MONOTONIC,
+one clock for every process of the machine). Each worker writes its own slot, the main process reads
+them (service/supervisor/pool/hangs.py) and clears a worker's slot before it starts it.
+
+The worker's end is ``Heartbeat``: a thread of its own beats every ``BEAT_INTERVAL_S`` whatever the
+loop does, so a long batch does not silence it; the loop (service/worker/runner.py) sets and clears
+the batch's start. A process that is stopped (SIGSTOP, a debugger) or frozen in a native call that
+holds the GIL beats no more; one whose engine hangs with the GIL released (a kernel that never
+returns, a deadlocked library) beats on, with one batch held far longer than batches take.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, MutableSequence
+
+from service import _defaults
+
+logger = logging.getLogger(__name__)
+
+FIELDS = 2  # per worker slot: its last beat, the start of the batch it holds
+BEAT, BATCH = 0, 1
+BEAT_INTERVAL_S = _defaults.WORKER_BEAT_INTERVAL_S
+
+
+class HeartbeatBoard:
+    """Per worker (slot ``worker_id % slots``): its last beat and its batch's start; 0 when none."""
+
+    def __init__(self, shared: MutableSequence[float]) -> None:
+        """``shared``: ``FIELDS`` doubles per slot (a ``multiprocessing.Array("d", ..., lock=False)``:
+        each slot has one writer, and an aligned double is written whole)."""
+        self.shared = shared
+        self.slots = len(shared) // FIELDS
+
+    def _base(self, worker_id: int) -> int:
+        return (worker_id % self.slots) * FIELDS
+
+    def read(self, worker_id: int) -> tuple[float, float]:
+        """(last beat, start of the batch it holds); 0.0 for what it has not written."""
+        base = self._base(worker_id)
+        return self.shared[base + BEAT], self.shared[base + BATCH]
+
+    def clear(self, worker_id: int) -> None:
+        """Before the worker (re)starts: nothing of its predecessor's is read as its own."""
+        base = self._base(worker_id)
+        self.shared[base + BEAT] = 0.0
+        self.shared[base + BATCH] = 0.0
+
+    def beat(self, worker_id: int, now: float) -> None:
+        self.shared[self._base(worker_id) + BEAT] = now
+
+    def hold_batch(self, worker_id: int, since: float) -> None:
+        """The batch the worker holds started at ``since`` (0.0: it holds none)."""
+        self.shared[self._base(worker_id) + BATCH] = since
+
+
+class Heartbeat:
+    """The worker's end: ``start`` beats in a thread until ``stop``; ``batch_started`` and
+    ``batch_finished`` frame each batch the loop runs."""
+
+    def __init__(
+        self,
+        board: HeartbeatBoard,
+        worker_id: int,
+        interval_s: float = BEAT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.board = board
+        self.worker_id = worker_id
+        self.interval_s = interval_s
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.beat()
+        self._thread = threading.Thread(target=self._beat_until_stopped, name="vision-serve-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval_s * 2)
+
+    def beat(self) -> None:
+        self.board.beat(self.worker_id, self.clock())
+
+    def batch_started(self) -> None:
+        now = self.clock()
+        self.board.hold_batch(self.worker_id, now)
+        self.board.beat(self.worker_id, now)
+
+    def batch_finished(self) -> None:
+        self.board.hold_batch(self.worker_id, 0.0)
+        self.beat()
+
+    def _beat_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except Exception:  # never: a dead thread would get a live worker killed as hung
+                logger.exception("The heartbeat failed; beating on.")
