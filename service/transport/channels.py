@@ -26,6 +26,13 @@ out of this turn's message if it was not sent yet, else named to its worker on a
 worker's cancel socket, which the worker reads before it prepares each batch (requests wait in the
 request pipe; a cancel behind them there would arrive too late).
 
+Every request a worker receives is answered exactly once, also one it drops (a 504 past its deadline,
+``DROPPED`` for one whose client left): until then the HTTP process holds it (``ApiChannel``), with
+its admission slot (``release``), even after its client had its 504 or left. So what ``--max-queue``
+admits bounds every image buffered anywhere on the way (this turn's message, the pipe, the worker's
+queue, its batch), whatever the deadlines: a 504 does not make room for another image while its own
+still waits in the pipe.
+
 Workers come and go with model loads (service/supervisor/pool/workers.py): an HTTP process connects to a
 worker on its first request, and ``retire`` sends a worker the final message after everything else
 this process sent it, so the worker can tell when it has answered all it will ever get (``drained``).
@@ -39,15 +46,15 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
-from service.errors import Overloaded
+from service.errors import ClientClosed, Overloaded, Unavailable
 from service.metrics import metrics
+from service.transport.held_requests import HeldRequests
 from service.transport.worker_queue import WorkerQueue
 from service.wire import AbandonedRequests, Answer, AnswerBatch, ImageRequest, QueuedRequest, RequestBatch, answer_for
 
@@ -56,6 +63,10 @@ logger = logging.getLogger(__name__)
 # Far above what admission lets in (--max-queue): a full pipe means a worker that stopped reading.
 SEND_HIGH_WATER_MARK = 100_000
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+# A worker's answer for a request it dropped because its client left: nobody reads it, but it tells the
+# HTTP process the image is gone, and its admission slot comes back.
+DROPPED = answer_for(ClientClosed("Dropped unrun: its client left."))
+GONE = answer_for(Unavailable("The inference worker holding this request is gone; retrying it is safe."))
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class WorkerChannel:
         # them); a ZeroMQ socket must not be used by two threads at once.
         self._answer_lock = threading.Lock()
         self._received = WorkerQueue()  # received and not taken yet; and the cancels not matched yet
+        self._dropped: list[QueuedRequest] = []  # dropped for their cancel, not yet answered ``DROPPED``
         self._api_servers = config.api_servers
         self._finished: set[int] = set()  # HTTP processes that sent their final message
 
@@ -147,25 +159,37 @@ class WorkerChannel:
             except zmq.Again:
                 break
             by_api_server.setdefault(message.api_server, []).extend(message.uids)
-        dropped = 0  # one pass over the queue per HTTP process, however many messages it sent
+        dropped: list[QueuedRequest] = []  # one pass over the queue per HTTP process, however many messages it sent
         for api_server, uids in by_api_server.items():
             dropped += self._received.cancel(api_server, uids)
         if dropped:
-            metrics().requests_abandoned.labels(where="worker").inc(dropped)
+            metrics().requests_abandoned.labels(where="worker").inc(len(dropped))
+            self._dropped += dropped
         return sum(len(uids) for uids in by_api_server.values())
 
     def abandoned(self, queued: QueuedRequest) -> bool:
-        """Whether ``queued``'s client left (as of the last ``read_cancels``): drop it, unanswered."""
-        return self._received.abandoned(queued)
+        """Whether ``queued``'s client left (as of the last ``read_cancels``): drop it unrun (its
+        ``DROPPED`` answer leaves at the next ``answer_dropped``)."""
+        if self._received.abandoned(queued):
+            self._dropped.append(queued)
+            return True
+        return False
 
     def drop_abandoned(self, batch: list[QueuedRequest]) -> list[QueuedRequest]:
         """``batch`` without the requests whose client left, by the cancels read now."""
         self.read_cancels()
-        kept = [queued for queued in batch if not self._received.abandoned(queued)]
+        kept = [queued for queued in batch if not self.abandoned(queued)]
         if len(kept) < len(batch):
             metrics().requests_abandoned.labels(where="worker").inc(len(batch) - len(kept))
         self._received.forget_matched()
         return kept
+
+    def answer_dropped(self) -> None:
+        """Answer ``DROPPED`` to the requests dropped for their cancel since the last call: one message
+        per HTTP process, which then frees their admission slots."""
+        if self._dropped:
+            dropped, self._dropped = self._dropped, []
+            self.answer_many([(queued, DROPPED) for queued in dropped])
 
     def answer(self, request: QueuedRequest, answer: Answer) -> None:
         self.answer_many([(request, answer)])
@@ -281,7 +305,11 @@ class CancelOutbox:
 
 
 class ApiChannel:
-    """The HTTP process's end: sends requests to a worker of its choice, awaits their answers."""
+    """The HTTP process's end: sends requests to a worker of its choice, awaits their answers.
+
+    Each request is ``held`` (service/transport/held_requests.py) until its worker answers or drops it,
+    whether or not anybody still waits for its answer; then its admission slot comes back.
+    """
 
     def __init__(self, config: ChannelConfig, api_server: int) -> None:
         self.api_server = api_server
@@ -289,16 +317,15 @@ class ApiChannel:
         self._answers = self._async_context.socket(zmq.PULL)
         self._answers.bind(config.answer_address(api_server))
         self._requests = WorkerSockets(config)
-        self._pending: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
-        self._unanswered: defaultdict[int, int] = defaultdict(int)
+        self.held = HeldRequests()
         self._outbox: dict[int, RequestBatch] = {}
         self._cancels = CancelOutbox(api_server, self._requests)
         self._retired: set[int] = set()
         self._flush_scheduled = False
 
     def pick_worker(self, ready: Collection[int]) -> int | None:
-        """The ready worker with the fewest of this process's requests unanswered."""
-        return min(ready, key=self._unanswered.__getitem__, default=None)
+        """The ready worker holding the fewest of this process's requests."""
+        return min(ready, key=self.held.per_worker.__getitem__, default=None)
 
     def submit(self, worker_id: int, uid: int, request: ImageRequest) -> asyncio.Future[Answer]:
         """Queue ``request`` on ``worker_id``; the future gets its ``Answer`` (503 if the pipe is full).
@@ -307,11 +334,10 @@ class ApiChannel:
         """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending[uid] = (worker_id, future)
-        self._unanswered[worker_id] += 1
+        self.held.add(uid, worker_id, future)
         outbox = self._outbox.get(worker_id)
         if outbox is None:
-            outbox = self._outbox[worker_id] = self._empty_batch()
+            outbox = self._outbox[worker_id] = RequestBatch(self.api_server, [], [])
         outbox.uids.append(uid)
         outbox.requests.append(request)
         if not self._flush_scheduled:
@@ -329,6 +355,7 @@ class ApiChannel:
         if self._cancels:
             self._cancels.send()
         outboxes, self._outbox = self._outbox, {}
+        held = self.held
         for worker_id, outbox in outboxes.items():
             if not outbox.uids:  # every request in it was abandoned
                 continue
@@ -340,25 +367,26 @@ class ApiChannel:
                         f"The server is overloaded (inference worker {worker_id} is not reading its requests); retry."
                     )
                 )
-                for uid in outbox.uids:
-                    self._settle(uid, overloaded)
+                held.let_go(sum(held.settle(uid, overloaded) for uid in outbox.uids))
 
     def abandon(self, uids: Collection[int], expired: bool = False) -> None:
         """Nobody waits for these: drop the ones not answered yet, from this turn's message if not sent, else
-        by a cancel to their worker; ``expired`` ones (deadline passed) the worker drops by their deadline."""
-        dropped_here = 0
+        by a cancel to their worker; ``expired`` ones (deadline passed) the worker drops by their deadline.
+        Those sent stay held until their worker's answer (its 504 or ``DROPPED``) says they are gone."""
+        held, dropped_here = self.held, 0
         for uid in uids:
-            entry = self._take(uid)
-            if entry is None:
+            worker_id = held.worker_of(uid)
+            if worker_id is None:
                 continue  # answered already
-            worker_id = entry[0]
             if unsend(self._outbox.get(worker_id), uid):
+                held.take(uid)
                 dropped_here += 1
             elif not expired:
                 self._cancels.add(worker_id, uid)
         if dropped_here:
             counter = metrics().requests_expired if expired else metrics().requests_abandoned.labels(where="http")
             counter.inc(dropped_here)
+            held.let_go(dropped_here)
         if self._cancels and not self._flush_scheduled:
             self._schedule_flush(asyncio.get_running_loop())
 
@@ -376,57 +404,35 @@ class ApiChannel:
             logger.warning("Inference worker %d does not read; it will be stopped at its drain deadline.", worker_id)
 
     def drop_worker(self, worker_id: int) -> None:
-        """``worker_id`` is gone for good: close its socket."""
+        """``worker_id`` is gone for good: close its socket; what it still held is let go (a submitter
+        still waiting gets ``GONE``)."""
+        self.held.let_go(self.held.settle_worker(worker_id, GONE))
+        self._outbox.pop(worker_id, None)
         self._requests.close(worker_id)
-        self._unanswered.pop(worker_id, None)
         self._retired.discard(worker_id)
-
-    def forget(self, uid: int) -> None:
-        """The request got its HTTP answer (or gave up): a late worker answer is dropped."""
-        self._take(uid)
 
     def fail_worker(self, worker_id: int, answer: Answer) -> int:
         """Answer every request held by ``worker_id`` with ``answer``, and drop those it never took.
 
-        Returns how many were answered.
+        Returns how many were held.
         """
-        held = [uid for uid, (worker, _) in self._pending.items() if worker == worker_id]
-        for uid in held:
-            self._settle(uid, answer)
+        held = self.held.settle_worker(worker_id, answer)
         self._outbox.pop(worker_id, None)
         if held:
             # Requests still queued in the pipe would otherwise reach the restarted worker and run
             # for clients that already have their 503.
             self._requests.close(worker_id)
-        return len(held)
+        self.held.let_go(held)
+        return held
 
     async def receive_answers(self) -> None:
         """Route each answer to its waiting request; runs for the life of the HTTP process."""
+        held = self.held
         while True:
             batch: AnswerBatch = pickle.loads(await self._answers.recv())
-            for uid, answer in zip(batch.uids, batch.answers, strict=True):
-                self._settle(uid, answer)
-
-    def _empty_batch(self) -> RequestBatch:
-        return RequestBatch(self.api_server, [], [])
-
-    def _settle(self, uid: int, answer: Answer) -> None:
-        entry = self._take(uid)
-        if entry is None:
-            # Its client already had an answer (504, 503 for a dead worker) or left: if the image
-            # ran, it was decoded and run for nobody.
-            if answer.batch_size:
-                metrics().images_unclaimed.inc()
-        elif not entry[1].done():
-            entry[1].set_result(answer)
-
-    def _take(self, uid: int) -> tuple[int, asyncio.Future[Answer]] | None:
-        """Stop waiting for ``uid``: its worker and future, or ``None`` if nobody was."""
-        entry = self._pending.pop(uid, None)
-        if entry is not None:
-            self._unanswered[entry[0]] -= 1
-        return entry
+            held.let_go(sum(held.settle(uid, answer) for uid, answer in zip(batch.uids, batch.answers, strict=True)))
 
     def close(self) -> None:
+        self.held.clear()  # nothing is held once the sockets are gone
         self._async_context.destroy(linger=0)
         self._requests.close_all()

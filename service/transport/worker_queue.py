@@ -54,14 +54,17 @@ class WorkerQueue:
             self._queued = kept
         return expired
 
-    def cancel(self, api_server: int, uids: Iterable[int]) -> int:
-        """These requests' client left: how many of them were queued here (now dropped)."""
+    def cancel(self, api_server: int, uids: Iterable[int]) -> list[QueuedRequest]:
+        """These requests' client left: those of them queued here, now dropped (the caller answers them)."""
         self._cancelled.update((api_server, uid) for uid in uids)
-        before = len(self._queued)
+        dropped: list[QueuedRequest] = []
         if self._queued:
             cancelled = self._cancelled
-            self._queued = deque(q for q in self._queued if (q.api_server, q.uid) not in cancelled)
-        return before - len(self._queued)
+            kept: deque[QueuedRequest] = deque()
+            for queued in self._queued:
+                (dropped if (queued.api_server, queued.uid) in cancelled else kept).append(queued)
+            self._queued = kept
+        return dropped
 
     def abandoned(self, queued: QueuedRequest) -> bool:
         """Whether ``queued`` (just taken) has a cancel: its client left."""

@@ -10,7 +10,8 @@ greedy batching: an idle server runs a lone request at once, and under load batc
 requests that queued while the model was busy.
 
 Requests whose client left (service/transport/channels.py: the cancel channel) are left out of the
-batch unanswered, before it is prepared, and the batch fills with others in their place. Clients that
+batch unrun, before it is prepared, and the batch fills with others in their place; each is answered
+``DROPPED``, which nobody reads but which frees its admission slot in its HTTP process. Clients that
 leave also say the queue has grown older than they wait: first come, first served would then answer
 the oldest, who give up as their answer is computed, while the newest give up waiting behind them.
 So while clients keep leaving (for ``LEAVING_FOR_S``, then until ``NEWEST_FIRST_HOLD_S`` after the
@@ -61,7 +62,7 @@ class BatchCollector:
     def get_batch(self) -> list[QueuedRequest]:
         """Up to ``max_batch_size`` requests; ``[]`` after ``IDLE_WAIT_S`` with none.
 
-        Expired requests are answered 504 here and left out; abandoned ones are left out unanswered.
+        Expired requests are answered 504 here and left out; abandoned ones are left out, answered ``DROPPED``.
         """
         channel, policy = self.channel, self.policy
         newest = time.monotonic() < self.newest_first_until
@@ -107,7 +108,10 @@ class BatchCollector:
         if abandoned or expired:  # a deadline that passed in the queue says what a client leaving does
             self.clients_leaving()
         # Again at the end, for cancels sent while this batch was collected (its window, if any).
-        return channel.drop_abandoned(batch) if batch else batch
+        if batch:
+            batch = channel.drop_abandoned(batch)
+        channel.answer_dropped()  # so that the HTTP processes free the dropped requests' slots
+        return batch
 
     def clients_leaving(self) -> None:
         """Clients gave up on queued requests. If they have kept doing so for ``LEAVING_FOR_S``, the queue

@@ -399,8 +399,10 @@ def test_a_client_that_leaves_with_requests_queued_behind_its_predict_has_it_dro
         connection.sendall(b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
         time.sleep(0.2)
         connection.close()
-        hold_until(lambda: in_flight(server.url) == 0, "the /predict's slot freed by its client leaving", timeout=5)
-    wait_until(lambda: added(before, request_counts(server.url)).get("499") == 1, "the /predict counted 499")
+        wait_until(lambda: added(before, request_counts(server.url)).get("499") == 1, "the /predict counted 499")
+        # Its image waits in the stopped worker's pipe: it keeps its admission slot until the worker drops it.
+        assert in_flight(server.url) == 1
+    hold_until(lambda: in_flight(server.url) == 0, "the /predict's slot freed once the worker dropped it", timeout=10)
     assert "200" not in added(before, request_counts(server.url)), "nothing pipelined behind it ran"
     assert not server_errors_logged(log)
 

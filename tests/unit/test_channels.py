@@ -58,29 +58,38 @@ def test_the_least_busy_ready_worker_is_picked(tmp_path: Path) -> None:
         api.submit(1, 2, ImageRequest(b"x"))
         assert api.pick_worker([0, 1]) == 0, "a tie goes to the first listed"
         assert api.pick_worker([0, 1, 2]) == 2
-        api.forget(1)
+        api.abandon([1])  # in the same turn: never sent, so held no more
         assert api.pick_worker([0, 1]) == 0
         api.close()
 
     asyncio.run(scenario())
 
 
-def test_a_late_answer_for_a_forgotten_request_is_dropped(tmp_path: Path) -> None:
+def test_a_request_whose_client_stopped_waiting_is_held_until_its_late_answer(tmp_path: Path) -> None:
+    """A 504 does not free what the worker still has: the request stays held (and its admission slot
+    taken) until the worker answers it, and that answer goes to nobody."""
     config = ChannelConfig(str(tmp_path), api_servers=1)
 
     async def scenario() -> None:
         api = ApiChannel(config, 0)
+        released: list[int] = []
+        api.held.release = released.append
         worker = WorkerChannel(config, 0)
         receiving = asyncio.create_task(api.receive_answers())
         try:
             gone = api.submit(0, 1, ImageRequest(b"a"))
             waiting = api.submit(0, 2, ImageRequest(b"b"))
-            api.forget(1)  # its client got a 504
+            await asyncio.sleep(0)  # sent
+            gone.set_result(Answer(status_code=504))  # its client got a 504 (submit.py's Expiry)
+            api.abandon([1], expired=True)
+            assert len(api.held) == 2 and released == [], "the worker has it: still held"
             for _ in range(2):
                 message = await asyncio.to_thread(worker.receive, TIMEOUT_S)
                 worker.answer(message, answer_for(message.request))
             assert (await asyncio.wait_for(waiting, TIMEOUT_S)).predictions[0][1] == "b"
-            assert not gone.done()
+            await asyncio.sleep(0.1)
+            assert gone.result().status_code == 504, "the late answer goes to nobody"
+            assert len(api.held) == 0 and sum(released) == 2
         finally:
             receiving.cancel()
             api.close()

@@ -90,13 +90,14 @@ def pipeline_with(
     watch = WorkerWatch(channel, TableFile(tmp_path))
     watch.refresh()
     pipeline = RequestPipeline(RequestLimits(), AdmissionGate(limit), timeout_s=30.0)
-    pipeline.attach(channel, watch, cache)
+    pipeline.attach(channel, watch, cache)  # the channel releases the slots to the pipeline's gate
     return pipeline, channel, [WorkerChannel(config, worker_id) for worker_id in range(workers)]
 
 
-def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_are_dropped(tmp_path) -> None:
+def test_a_client_that_leaves_mid_request_frees_its_slots_once_its_late_answers_are_in(tmp_path) -> None:
     """The handler of a client that disconnects is cancelled while it waits for the workers: its
-    admission slots come back, and the answers that arrive later find no one waiting."""
+    images stay held, with their admission slots, while the worker has them (they take its memory and
+    its time as much as any other); the answers that arrive later find no one waiting, and free them."""
 
     async def scenario() -> None:
         pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, limit=3)
@@ -107,11 +108,12 @@ def test_a_client_that_leaves_mid_request_frees_its_slots_and_its_late_answers_a
             assert pipeline.gate.admitted == 3
             waiting.cancel()  # what the server does to the handler of a client that left
             await asyncio.gather(waiting, return_exceptions=True)
-            assert pipeline.gate.admitted == 0, "the slots of a request nobody waits for must come back"
-            assert channel.pick_worker([0]) == 0 and channel._unanswered[0] == 0, "its pending entries are dropped"
+            assert pipeline.gate.admitted == 3, "the worker still has the images: their slots are not free"
+            assert channel.held.per_worker[0] == 3
             worker.answer_many([(queued, Answer(batch_size=3)) for queued in taken])  # late answers
             await asyncio.sleep(0.2)
-            assert channel._pending == {}
+            assert len(channel.held) == 0 and channel.held.per_worker[0] == 0
+            assert pipeline.gate.admitted == 0, "answered: the slots come back"
             # The server goes on: a new request is admitted and answered.
             again = classify(pipeline, [D])
             queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
@@ -161,7 +163,8 @@ def counter(name: str, **labels: str) -> float:
 
 def test_a_client_that_disconnects_gets_499_at_once_and_its_worker_drops_the_images_unrun(tmp_path) -> None:
     """The connection tells the request's Departure; the images still queued for the worker are
-    named on its cancel channel and left out of the next batch, unanswered: nobody waits for them."""
+    named on its cancel channel and left out of the next batch, answered ``DROPPED`` (read by nobody),
+    which frees their slots."""
 
     async def scenario() -> None:
         pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, limit=8)
@@ -177,10 +180,12 @@ def test_a_client_that_disconnects_gets_499_at_once_and_its_worker_drops_the_ima
             with pytest.raises(ClientClosed) as left:
                 await asyncio.wait_for(leaving, TIMEOUT_S)
             assert left.value.status == 499 and left.value.message == CLIENT_LEFT.detail
-            assert pipeline.gate.admitted == 1, "the slots of the client that left come back at once"
+            assert pipeline.gate.admitted == 3, "its images are still queued for the worker"
             await asyncio.sleep(0.1)  # the cancel leaves with the next turn's flush
             batch = await asyncio.to_thread(collector.get_batch)
             assert [queued.request.image for queued in batch] == [C], "only the staying client's image runs"
+            await asyncio.sleep(0.1)  # the DROPPED answers come in
+            assert pipeline.gate.admitted == 1, "dropped by the worker: the slots of the client that left come back"
             assert counter("requests_abandoned", where="worker") - dropped_before == 2
             assert worker._received._cancelled == set(), "cancels that matched are forgotten"
             worker.answer(batch[0], Answer(predictions=((0, "c", 1.0),), batch_size=1))
@@ -200,6 +205,7 @@ def test_a_cancelled_call_counts_as_leaving_its_images_are_dropped_by_the_worker
     async def scenario() -> None:
         pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1)
         collector = BatchCollector(worker, BatchPolicy(max_batch_size=8))
+        receiving = asyncio.create_task(channel.receive_answers())
         try:
             waiting = classify(pipeline, [A, B, C])
             await asyncio.sleep(0.1)
@@ -207,8 +213,10 @@ def test_a_cancelled_call_counts_as_leaving_its_images_are_dropped_by_the_worker
             await asyncio.gather(waiting, return_exceptions=True)
             await asyncio.sleep(0.1)
             assert await asyncio.to_thread(collector.get_batch) == []
-            assert pipeline.gate.admitted == 0 and channel._pending == {}
+            await asyncio.sleep(0.1)
+            assert pipeline.gate.admitted == 0 and len(channel.held) == 0
         finally:
+            receiving.cancel()
             channel.close()
             worker.close()
 
@@ -251,7 +259,7 @@ def test_an_abandoned_image_still_in_this_turns_message_is_never_sent(tmp_path) 
             assert not future.done()
             assert await asyncio.to_thread(worker.receive, 0.3) is None, "nothing reaches the worker"
             assert counter("requests_abandoned", where="http") - dropped_before == 1
-            assert channel._unanswered[0] == 0
+            assert channel.held.per_worker[0] == 0
         finally:
             channel.close()
             worker.close()
@@ -270,6 +278,13 @@ def test_an_answer_that_ran_for_a_client_gone_is_counted_unclaimed(tmp_path) -> 
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
             worker.answer(queued, Answer(predictions=((0, "a", 1.0),), batch_size=1))  # it ran anyway
+            await asyncio.sleep(0.2)
+            assert counter("images_unclaimed") - before == 1
+            assert pipeline.gate.admitted == 0
+            waiting = classify(pipeline, [B])
+            queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
             worker.answer(queued, Answer(status_code=504, detail="expired"))  # never ran: not counted
             await asyncio.sleep(0.2)
             assert counter("images_unclaimed") - before == 1

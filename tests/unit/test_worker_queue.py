@@ -30,7 +30,7 @@ def batch_of(api_server: int, uids: list[int], deadline: float | None = None) ->
 def test_a_cancel_drops_a_queued_request_at_once_and_waits_for_one_not_received_yet() -> None:
     queue = WorkerQueue()
     queue.add(batch_of(0, [1, 2, 3]))
-    assert queue.cancel(0, [2, 5]) == 1 and len(queue) == 2
+    assert [q.uid for q in queue.cancel(0, [2, 5])] == [2] and len(queue) == 2
     queue.forget_matched()
     assert queue._cancelled == {(0, 5)}, "2 was dropped; 5 is still to come"
     queue.add(batch_of(0, [4, 5]))
@@ -57,8 +57,8 @@ def test_a_cancel_names_a_request_of_its_own_http_process_only() -> None:
     queue = WorkerQueue()
     queue.add(batch_of(0, [1, 2]))
     queue.add(batch_of(1, [1, 2]))
-    assert queue.cancel(1, [2]) == 1, "only process 1's uid 2 was queued for this cancel"
-    assert queue.cancel(0, [3]) == 0, "received from neither process yet"
+    assert len(queue.cancel(1, [2])) == 1, "only process 1's uid 2 was queued for this cancel"
+    assert queue.cancel(0, [3]) == [], "received from neither process yet"
     queue.forget_matched()
     queue.add(batch_of(1, [3]))
     queue.add(batch_of(0, [3]))

@@ -12,15 +12,21 @@ unrun wherever it still waits, as the request of a client that left is.
 - gRPC's own deadline (the client's ``timeout=`` / ``grpc-timeout``).
 
 Each counts from when the server received the request. 0 means none, as Triton reads ``timeout``.
+Every wait on a request's way is bounded by it: the upload and the cache lookup (``within``), the
+queue and the batch (submit.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from service.errors import InvalidInput
+from service.errors import DeadlineExceeded, InvalidInput
+
+T = TypeVar("T")
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
 ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
@@ -63,6 +69,21 @@ class ClientDeadline:
     def detail(self) -> str:
         """The 504's detail when this deadline passes."""
         return f"No answer within the client's {self.timeout_s * 1e3:g} ms deadline ({self.source})."
+
+
+async def within(deadline: ClientDeadline | None, step: Awaitable[T]) -> T:
+    """What ``step`` returns, if it does before the client's ``deadline``; else ``DeadlineExceeded``
+    (504) the moment it passes, ``step`` cancelled. No deadline (or none set yet): ``step`` as it is."""
+    if deadline is None or deadline.at is None:
+        return await step
+    timeout = asyncio.timeout(deadline.at - time.monotonic())  # from the loop's clock: it may not be time's
+    try:
+        async with timeout:
+            return await step
+    except TimeoutError:
+        if timeout.expired():
+            raise DeadlineExceeded(deadline.detail()) from None
+        raise  # the step's own
 
 
 def ended_by(deadline_at: float) -> bool:

@@ -5,10 +5,12 @@ each step calls down and never back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from service.errors import ClientClosed, Unavailable
+from service.errors import ClientClosed, DeadlineExceeded, Unavailable
 from service.http.base.admission import AdmissionGate
+from service.http.base.deadlines import within
 from service.http.base.limits import RequestLimits
 from service.http.base.worker_watch import WorkerWatch
 from service.http.cache.front import for_route, keep, look_up
@@ -20,7 +22,7 @@ from service.metrics import metrics
 from service.repository.table import RoutingTable, VersionRoute
 from service.tracing import stage_span
 from service.transport.channels import ApiChannel
-from service.wire import Answer
+from service.wire import Answer, answer_for
 
 STARTING = "The server is starting; retry shortly."
 NO_WORKER_READY = "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
@@ -29,17 +31,22 @@ NO_WORKER_READY = "No inference worker is ready (the server is starting, or rest
 class RequestPipeline:
     """Made before the HTTP processes fork, with what they share (the limits, the admission gate in
     shared memory, the deadline); each process then ``attach``es its own channel, worker watch and
-    cache (service/http/process.py), and answers 503 until it has."""
+    cache (service/http/process.py), and answers 503 until it has. The channel it attaches releases
+    the slots of the images it held to ``gate``: the submit hands them over.
+
+    Every wait is bounded by the client's deadline (``Ask.deadline``): the parse (the upload), the cache
+    lookup (Redis), then the queue and the batch (submit.py); each ends in a 504 when it passes."""
 
     def __init__(self, limits: RequestLimits, gate: AdmissionGate, timeout_s: float) -> None:
         self.limits = limits
         self.gate = gate
-        self.submission = Submission(timeout_s)
+        self.submission = Submission(timeout_s, gate.release)
         self.channel: ApiChannel | None = None
         self.watch: WorkerWatch | None = None
         self.cache: ResponseCache | None = None  # this HTTP process's (--response-cache-mb), while attached
 
     def attach(self, channel: ApiChannel, watch: WorkerWatch, cache: ResponseCache | None = None) -> None:
+        channel.held.release = self.gate.release  # each image's slot comes back when its worker answers or drops it
         self.channel, self.watch, self.cache = channel, watch, cache
 
     def detach(self) -> None:
@@ -57,11 +64,13 @@ class RequestPipeline:
         Raises ``ServiceError``: 404 for a version not served, the parse's 4xx, ``ask.on_refused``'s,
         503 when no worker is ready or the images do not fit under ``--max-queue`` now, 413 if they
         never could, 499 (``ClientClosed``) when the client left. An image without an answer by the
-        deadline (the client's, ``ask.deadline``, else ``--request-timeout-s``) gets a 504 ``Answer``.
+        deadline (the client's, ``ask.deadline``, else ``--request-timeout-s``) gets a 504 ``Answer``;
+        a client's deadline that passes during the parse (a slow upload) raises ``DeadlineExceeded``.
         """
         self.route(ask.model, ask.version)  # a model not served is a 404 before the upload
         with stage_span("parse"):  # traced requests (service/tracing/)
-            parsed = await parse()
+            deadline = ask.deadline  # the headers' cuts a slow upload short
+            parsed = await parse() if deadline is None else await within(deadline, parse())
         # Again once the body is in: a swap during a slow upload may have retired the version's workers.
         route = self.route(ask.model, ask.version)
         images = parsed.images
@@ -91,7 +100,12 @@ class RequestPipeline:
         if cache is None:
             answers, total_ms = await self._admit_and_submit(images, top_k, route, ask)
             return answers, total_ms, route
-        lookup = await look_up(cache, images, top_k, route)  # hits answered before any admission or decode
+        started = time.monotonic()
+        try:  # hits answered before any admission or decode; a slow Redis waited on until the deadline only
+            lookup = await within(ask.deadline, look_up(cache, images, top_k, route))
+        except DeadlineExceeded as passed:  # as the submit answers the images its deadline leaves unanswered
+            metrics().requests_expired.inc(len(images))
+            return [answer_for(passed)] * len(images), (time.monotonic() - started) * 1e3, route
         if not lookup.missing:  # every image a hit
             metrics().observe_stages({"total": lookup.ms})
             return lookup.answers, lookup.ms, route  # type: ignore[return-value]  (no None left)
@@ -106,8 +120,8 @@ class RequestPipeline:
     async def _admit_and_submit(
         self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask
     ) -> tuple[list[Answer], float]:
-        """Admit the images under the server-wide gate, submit them to ``route``'s ready workers, and
-        release their slots once answered."""
+        """Admit the images under the server-wide gate and submit them to ``route``'s ready workers
+        (their slots come back as their workers answer or drop them: service/transport/channels.py)."""
         channel, watch, departure = self.channel, self.watch, ask.departure
         ready = watch.ready_in(route) if watch is not None and channel is not None else ()
         if departure is not None and departure.gone:
@@ -115,10 +129,9 @@ class RequestPipeline:
         if not ready or channel is None:
             raise Unavailable(NO_WORKER_READY)
         self.gate.admit(len(images))
-        try:
-            answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure, ask.deadline)
-        finally:
-            self.gate.release(len(images))
+        # The slots are the submit's from here: each comes back once its image is answered or dropped
+        # by its worker (or was never sent), not when the client stops waiting.
+        answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure, ask.deadline)
         metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))
         if departure is not None and departure.gone:
             raise ClientClosed(CLIENT_LEFT.detail)  # its answers go nowhere, but the request is counted 499

@@ -4,7 +4,12 @@ Each image is its own batch item: the workers batch images, not requests, so a r
 fills two batches of 32 and shares them with other requests. A client that leaves while they wait
 (its connection closes: service/request_scope.py; its gRPC call is cancelled) has them dropped
 wherever they are, unrun; so does one whose deadline passes (its own, service/http/base/deadlines.py,
-or the server's --request-timeout-s), and it is answered 504 at that moment.
+or the server's --request-timeout-s), and it is answered 504 at that moment. An image whose deadline
+passed before it is submitted (a slow upload or cache lookup) is answered 504 at once and never sent.
+
+The admission slots of the images sent are the channel's from then on (service/transport/channels.py):
+each comes back when the worker answers or drops its image, not when its client stops waiting, so
+that what --max-queue admits bounds what waits anywhere on the way to the workers.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 import functools
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from service.errors import ClientClosed, DeadlineExceeded
 from service.http.base.deadlines import ClientDeadline, ended_by
@@ -33,10 +38,14 @@ class Submission:
     """Sends each image to a worker and waits for every answer until its deadline: the client's if it
     set one (service/http/base/deadlines.py), capped by ``timeout_s`` (``--request-timeout-s``). One
     per HTTP process's pipeline: its uids are unique in the process, which is all the answers need
-    (they come back to this process only)."""
+    (they come back to this process only).
 
-    def __init__(self, timeout_s: float) -> None:
+    ``release``: the admission gate's. ``submit`` is given images already admitted; it releases the
+    slots of those it does not send, and the channel those of the images it sent."""
+
+    def __init__(self, timeout_s: float, release: Callable[[int], None]) -> None:
         self.timeout_s = timeout_s
+        self._release = release
         self._uids = itertools.count()
 
     async def submit(
@@ -50,27 +59,29 @@ class Submission:
     ) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order (a 504 ``Answer`` for one not answered by the
         deadline, ``CLIENT_LEFT`` once ``departure`` is told), and the milliseconds from the submit
-        to the last answer. ``ready``: the workers that may take them."""
+        to the last answer. ``ready``: the workers that may take them. The images' admission slots
+        are taken already: see the class."""
         # The whole wait in one span, so that current_traceparent() below names it (traced requests,
         # service/tracing/): the workers' spans become its children.
         with wait_span():
             queued_at = time.monotonic()
             expiry = Expiry(queued_at + self.timeout_s, self.timeout_s, deadline)
-            if expiry.at <= queued_at:  # the client's deadline passed in this process (a slow upload)
+            if expiry.at <= queued_at:  # the client's deadline passed in this process (a slow upload or lookup)
+                self._release(len(images))  # nothing sent: nothing to wait for
                 return expiry.answer_all(len(images)), 0.0
             request_id = REQUEST_ID.get()
             trace_parent = current_traceparent()  # None unless the request is traced
             uids = [next(self._uids) for _ in images]
             left = True  # until every answer is in: an exception or a cancellation on the way means nobody waits
+            futures = expiry.futures
             try:
-                futures = expiry.futures
                 for uid, image in zip(uids, images, strict=True):
                     # Picked per image: each pick counts the images before it, so several workers share a request.
                     worker_id = channel.pick_worker(ready)
                     # The worker drops an image past its deadline instead of running it (its answer
                     # is already out), so timed-out work does not pile up.
                     request = ImageRequest(image, top_k, queued_at, request_id, trace_parent, expiry.at)
-                    futures.append(channel.submit(worker_id, uid, request))
+                    futures.append(channel.submit(worker_id, uid, request))  # its slot is the channel's now
                 # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
                 timer = asyncio.get_running_loop().call_later(expiry.at - queued_at, expiry)
                 if departure is not None:
@@ -83,15 +94,14 @@ class Submission:
                     if departure is not None:
                         departure.listener = None
             finally:
+                if len(futures) < len(images):  # an exception before every image was sent
+                    self._release(len(images) - len(futures))
                 if left or expiry.fired:
                     # What is still queued for them is dropped unrun: in this process if not sent yet, else
                     # by their worker (told on its cancel channel when the client left; past the deadline
-                    # it drops them by their own). Expired once the deadline passed, whoever noticed
-                    # first (gRPC cancels a call at its deadline too).
-                    channel.abandon(uids, expired=expiry.fired or ended_by(expiry.at))
-                else:
-                    for uid in uids:
-                        channel.forget(uid)  # a late answer then finds no one waiting and is dropped
+                    # it drops them by their own), whose answer then frees their slots. Expired once the
+                    # deadline passed, whoever noticed first (gRPC cancels a call at its deadline too).
+                    channel.abandon(uids[: len(futures)], expired=expiry.fired or ended_by(expiry.at))
                 # Every admitted request, answered or not: the stage a dashboard's p99 is read from.
                 total_ms = (time.monotonic() - queued_at) * 1e3
                 metrics().observe_stages({"total": total_ms})
