@@ -19,7 +19,7 @@ import io
 import json
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from compile.offline_loads import untrusted_load
@@ -213,29 +213,16 @@ def _parsed(text: str) -> ast.Expression | None:
         return None
 
 
-def _is_plain_expression(text: str) -> bool:
-    """A sympy expression as srepr writes it: calls of sympy's names on numbers and symbols, nothing else
-    (sympify evaluates the text: a name like ``__import__`` or an attribute would be Python)."""
+def _is_plain(text: str, leaf: Callable[[ast.AST, Callable[[ast.AST], bool]], bool], binary: tuple) -> bool:
+    """Whether ``text`` is one expression of operators (``binary`` ones, logic and comparisons) over
+    what ``leaf(node, plain)`` admits, where ``plain`` checks a node below it the same way."""
     tree = _parsed(text)
     if tree is None:
         return False
 
     def plain(node: ast.AST) -> bool:
-        if isinstance(node, ast.Constant):
-            return isinstance(node.value, (bool, int, float)) or (
-                isinstance(node.value, str) and PLAIN_STRING.fullmatch(node.value) is not None
-            )
-        if isinstance(node, ast.Name):
-            return node.id in SYMPY_NAMES or SYMBOL_NAME.fullmatch(node.id) is not None
-        if isinstance(node, ast.Call):
-            return (
-                isinstance(node.func, ast.Name)
-                and node.func.id in SYMPY_NAMES
-                and all(plain(arg) for arg in node.args)
-                and all(k.arg is not None and k.arg.isidentifier() and plain(k.value) for k in node.keywords)
-            )
         if isinstance(node, ast.BinOp):
-            return isinstance(node.op, ARITHMETIC + LOGIC) and plain(node.left) and plain(node.right)
+            return isinstance(node.op, binary) and plain(node.left) and plain(node.right)
         if isinstance(node, ast.UnaryOp):
             return isinstance(node.op, LOGIC) and plain(node.operand)
         if isinstance(node, ast.BoolOp):
@@ -244,48 +231,60 @@ def _is_plain_expression(text: str) -> bool:
             return all(isinstance(op, COMPARISONS) for op in node.ops) and all(
                 plain(n) for n in (node.left, *node.comparators)
             )
-        return False
+        return leaf(node, plain)
 
     return plain(tree.body)
+
+
+def _sympy_leaf(node: ast.AST, plain: Callable[[ast.AST], bool]) -> bool:
+    """Numbers, symbols, and calls of sympy's names on them (sympify evaluates the text: a name like
+    ``__import__`` or an attribute would be Python)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (bool, int, float)) or (
+            isinstance(node.value, str) and PLAIN_STRING.fullmatch(node.value) is not None
+        )
+    if isinstance(node, ast.Name):
+        return node.id in SYMPY_NAMES or SYMBOL_NAME.fullmatch(node.id) is not None
+    if isinstance(node, ast.Call):
+        return (
+            isinstance(node.func, ast.Name)
+            and node.func.id in SYMPY_NAMES
+            and all(plain(arg) for arg in node.args)
+            and all(k.arg is not None and k.arg.isidentifier() and plain(k.value) for k in node.keywords)
+        )
+    return False
+
+
+def _guard_leaf(node: ast.AST, plain: Callable[[ast.AST], bool]) -> bool:
+    """Numbers and the inputs' sizes and strides (``L['x'].size()[0]``): nothing else is called."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (bool, int, float)) or (
+            isinstance(node.value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", node.value) is not None
+        )
+    if isinstance(node, ast.Name):
+        return node.id in ("L", "inf")
+    if isinstance(node, ast.Subscript):
+        return plain(node.value) and plain(node.slice)
+    if isinstance(node, ast.Call):
+        return (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in GUARD_METHODS
+            and plain(node.func.value)
+            and all(plain(arg) for arg in node.args)
+            and not node.keywords
+        )
+    return False
+
+
+def _is_plain_expression(text: str) -> bool:
+    """A sympy expression as srepr writes it: sympy's calls on numbers and symbols, nothing else."""
+    return _is_plain(text, _sympy_leaf, ARITHMETIC + LOGIC)
 
 
 def _is_plain_guard(text: str) -> bool:
     """A guard on the inputs' shapes (``L['x'].size()[0] <= 64``): compared numbers, nothing called but
     a tensor's size and stride (``.module()`` executes the text)."""
-    tree = _parsed(text)
-    if tree is None:
-        return False
-
-    def plain(node: ast.AST) -> bool:
-        if isinstance(node, ast.Constant):
-            return isinstance(node.value, (bool, int, float)) or (
-                isinstance(node.value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", node.value) is not None
-            )
-        if isinstance(node, ast.Name):
-            return node.id in ("L", "inf")
-        if isinstance(node, ast.Subscript):
-            return plain(node.value) and plain(node.slice)
-        if isinstance(node, ast.Call):
-            return (
-                isinstance(node.func, ast.Attribute)
-                and node.func.attr in GUARD_METHODS
-                and plain(node.func.value)
-                and all(plain(arg) for arg in node.args)
-                and not node.keywords
-            )
-        if isinstance(node, ast.BinOp):
-            return isinstance(node.op, ARITHMETIC) and plain(node.left) and plain(node.right)
-        if isinstance(node, ast.UnaryOp):
-            return isinstance(node.op, LOGIC) and plain(node.operand)
-        if isinstance(node, ast.BoolOp):
-            return all(plain(value) for value in node.values)
-        if isinstance(node, ast.Compare):
-            return all(isinstance(op, COMPARISONS) for op in node.ops) and all(
-                plain(n) for n in (node.left, *node.comparators)
-            )
-        return False
-
-    return plain(tree.body)
+    return _is_plain(text, _guard_leaf, ARITHMETIC)
 
 
 def _check_weights_only(path: Path, data: bytes, name: str) -> None:
