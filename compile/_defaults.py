@@ -161,6 +161,18 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".ti
 GATE_RANDOM_INPUTS = 16
 GATE_SEED = 0
 
+# What turns a model's logits into its scores (service/worker/outputs.py): softmax for one label per image,
+# sigmoid for several (a transformers folder's problem_type multi_label_classification), none for raw
+# scores (problem_type regression). A model's own, recorded in its entry and its artifact's manifest.
+ACTIVATIONS = ("softmax", "sigmoid", "none")
+MODEL_ACTIVATION = "softmax"
+# transformers' config.json problem_type -> the activation its outputs are read through.
+PROBLEM_TYPE_ACTIVATIONS = {
+    "single_label_classification": "softmax",
+    "multi_label_classification": "sigmoid",
+    "regression": "none",
+}
+
 # Bumped when the artifact layout or manifest fields change incompatibly.
 MANIFEST_FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"

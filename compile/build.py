@@ -497,6 +497,7 @@ def _manifest(
         validation={},
         cache_key=key,
         backend_config=backend_config,
+        activation=entry.activation,
     )
 
 

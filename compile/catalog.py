@@ -32,6 +32,8 @@ class ModelEntry:
     labels: tuple[str, ...]  # their number is the number of classes
     labels_source: str
     model: str = ""  # what --model said (a catalog name, "timm:<name>", a file path); empty: ``name``
+    # What turns its logits into scores (compile/_defaults.py ACTIVATIONS); the server's --activation overrides it.
+    activation: str = _defaults.MODEL_ACTIVATION
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -111,4 +113,5 @@ def entry_from_manifest(manifest: Manifest) -> ModelEntry:
         labels=manifest.labels,
         labels_source=manifest.labels_source,
         model=manifest.model,
+        activation=manifest.activation,
     )

@@ -58,6 +58,9 @@ class Manifest:
     # A quantized engine (int8, fp8): its calibration set (folder, count, sha256, method) and the
     # evaluation set its gate ran on. Added in place: {} for other precisions and older manifests.
     quantization: dict[str, Any] = field(default_factory=dict)
+    # What turns the engine's logits into scores (softmax, sigmoid, none: compile/_defaults.py), the
+    # model's own. Added in place: a manifest written before it reads as softmax.
+    activation: str = _defaults.MODEL_ACTIVATION
 
     @property
     def served_name(self) -> str:
@@ -93,6 +96,10 @@ class Manifest:
             values["labels"] = tuple(values["labels"])
         except (TypeError, ValueError) as exc:
             raise ManifestError(f"Manifest has an invalid preprocess or labels entry ({exc}). Recompile it.") from None
+        if values.get("activation", _defaults.MODEL_ACTIVATION) not in _defaults.ACTIVATIONS:
+            raise ManifestError(
+                f"Manifest activation {values['activation']!r} is not one of {', '.join(_defaults.ACTIVATIONS)}."
+            )
         engine_file = values["engine_file"]
         if not isinstance(engine_file, str) or Path(engine_file).name != engine_file or engine_file in ("", ".", ".."):
             raise ManifestError(f"Manifest engine_file {engine_file!r} must be a file name inside the artifact.")

@@ -3,7 +3,8 @@
 A folder is recognized by its ``config.json``:
 
 * transformers (``save_pretrained``): ``architectures`` and ``model_type``; labels from ``id2label``,
-  preprocessing from ``preprocessor_config.json`` (the processor ``AutoImageProcessor`` would build);
+  preprocessing from ``preprocessor_config.json`` (the processor ``AutoImageProcessor`` would build),
+  the activation from ``problem_type`` (multi_label_classification: sigmoid; else softmax);
 * timm (``timm.models.push_to_hf_hub.save_for_hf``): ``architecture`` and ``pretrained_cfg``; labels
   from ``label_names`` (or ``id2label``), preprocessing from ``pretrained_cfg`` as for ``timm:<name>``.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from compile import _defaults
 from compile.config_values import FLAGS_HINT, channel_triplet, crop_fraction
 from compile.offline_loads import untrusted_load
 from compile.settings_errors import SettingsError
@@ -197,7 +199,26 @@ def folder_entry(model: str, kind: str, preprocess_overridden: bool = False):
         labels=labels,
         labels_source=f"{folder / CONFIG_FILE}:{'label_names' if 'label_names' in config else 'id2label'}",
         model=str(folder),
+        activation=folder_activation(folder, config),
     )
+
+
+def folder_activation(folder: Path, config: dict) -> str:
+    """What turns the folder's logits into scores: transformers' ``problem_type`` says (absent: softmax,
+    as transformers' own pipeline reads a model of one label per image)."""
+    problem_type = config.get("problem_type")
+    if problem_type is None:
+        return _defaults.MODEL_ACTIVATION
+    activation = _defaults.PROBLEM_TYPE_ACTIVATIONS.get(problem_type) if isinstance(problem_type, str) else None
+    if activation is None:
+        raise SettingsError(
+            "--model",
+            str(folder),
+            f"{folder / CONFIG_FILE} has problem_type {problem_type!r}, not one of "
+            f"{', '.join(_defaults.PROBLEM_TYPE_ACTIVATIONS)}.",
+            "Set problem_type to one of those in config.json, or remove it (softmax).",
+        )
+    return activation
 
 
 class LogitsOnly(nn.Module):

@@ -10,6 +10,9 @@ MODEL = DEFAULT_MODEL
 WEIGHTS = DEFAULT_WEIGHTS
 DEVICE = "auto"  # cuda if a GPU is visible, else cpu
 PREPROCESS = "auto"
+# What turns the model's logits into the scores answered (softmax, sigmoid, none); auto: the model's own
+# (compile/_defaults.py ACTIVATIONS: a transformers folder's problem_type, an artifact's manifest).
+ACTIVATION = "auto"
 MAX_BATCH_SIZE = 32
 # How long the first request of a batch waits for others once the queue is drained. 0 (greedy, as
 # Triton's default max_queue_delay): an idle server runs a lone request at once, and under load

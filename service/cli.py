@@ -32,6 +32,8 @@ _HELP = {
     "device": "auto, cpu, cuda (every GPU) or cuda:N",
     "preprocess": "preprocessing backend: auto (first usable of torch, cvcuda, dali on a GPU; pil on a CPU), "
     "dali, cvcuda, torch or pil",
+    "activation": "what turns the model's logits into the scores answered: auto (the model's own: sigmoid for a "
+    "multi-label transformers folder, else softmax), softmax, sigmoid or none (the raw logits)",
     "max_batch_size": "largest batch the model sees (1 turns batching off)",
     "batch_timeout_ms": "how long the first request of a batch waits for more",
     "workers_per_device": "inference worker processes per device; 0: chosen from the engine and the machine "

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+AUTO_ACTIVATION = "auto"
+
+
+def resolve_activation(requested: str, model_activation: str) -> str:
+    """What the workers apply to the logits: --activation, or with ``auto`` the model's own."""
+    return model_activation if requested == AUTO_ACTIVATION else requested
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -31,6 +38,9 @@ class ModelInfo:
     # The workers per device and engine threads it is served with, where each came from and why
     # (service/supervisor/planning/sizing.py).
     sizing: dict | None = None
+    # What the workers turn the logits into the answered scores with (softmax, sigmoid, none):
+    # --activation, or the model's own (``resolve_activation``).
+    activation: str = "softmax"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", tuple(self.labels))  # a list when read back from JSON

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from compile._defaults import LOG_LEVELS
+from compile._defaults import ACTIVATIONS, LOG_LEVELS
 from compile.cli_flags import check_device_flag, flag
 from compile.model_request import ModelRequest, check_model_flags
 from compile.settings_errors import HIDDEN, SettingsError
@@ -41,6 +41,7 @@ class ServeSettings(ModelRequest):
     weights: str = _defaults.WEIGHTS
     device: str = _defaults.DEVICE
     preprocess: str = _defaults.PREPROCESS
+    activation: str = _defaults.ACTIVATION
     max_batch_size: int = _defaults.MAX_BATCH_SIZE
     batch_timeout_ms: float = _defaults.BATCH_TIMEOUT_MS
     workers_per_device: int = _defaults.WORKERS_PER_DEVICE
@@ -148,7 +149,7 @@ def check_network(settings: ServeSettings) -> None:
 
 
 def check_choices(settings: ServeSettings) -> None:
-    """The flags that name one of a few: --log-level, --log-format, --preprocess."""
+    """The flags that name one of a few: --log-level, --log-format, --preprocess, --activation."""
     if settings.log_level not in LOG_LEVELS:
         raise SettingsError.must(
             "--log-level", settings.log_level, f"be one of {', '.join(LOG_LEVELS)}", "Leave it out for info."
@@ -166,6 +167,13 @@ def check_choices(settings: ServeSettings) -> None:
             settings.preprocess,
             f"be auto or one of {', '.join(PREPROCESS_BACKENDS)}",
             "Use auto: the fastest this machine can run.",
+        )
+    if settings.activation not in ("auto", *ACTIVATIONS):
+        raise SettingsError.must(
+            "--activation",
+            settings.activation,
+            f"be auto or one of {', '.join(ACTIVATIONS)}",
+            "Use auto: the model's own (sigmoid for a multi-label transformers folder, else softmax).",
         )
 
 

@@ -18,7 +18,10 @@ from typing import NamedTuple
 from service import _defaults
 from service.errors import ServiceError
 
-Prediction = tuple[int, str, float]  # (class index, label, probability)
+Prediction = tuple[int, str, float]  # (class index, label, score: the activation's, e.g. a probability)
+# Byte order and type of ``Answer.logits``: little-endian float32, one per class (``array('f')`` and
+# numpy's ``<f4`` read it on the machines vision-serve runs on).
+LOGITS_DTYPE = "<f4"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class ImageRequest:
     # time.monotonic() after which nobody waits for the answer (the client's deadline or the server's
     # --request-timeout-s, whichever ends first): the worker drops the image unrun. None: never.
     deadline: float | None = None
+    # The request asked for the model's whole output (OIP's LOGITS, /predict?logits=true): the answer
+    # then carries every class's logit. False (the default): only the top-k cross back.
+    logits: bool = False
 
     def expired(self, now: float) -> bool:
         """Whether the deadline passed by ``now`` (``time.monotonic()``)."""
@@ -57,6 +63,9 @@ class Answer:
     batch_size: int = 0  # 0: the image never reached a batch
     timings_ms: dict[str, float] = field(default_factory=dict)
     retry_after_s: int | None = None
+    # The model's output before its activation, one float32 per class (``LOGITS_DTYPE``), only when the
+    # request asked for it (``ImageRequest.logits``); None otherwise.
+    logits: bytes | None = None
 
 
 def answer_for(error: ServiceError) -> Answer:

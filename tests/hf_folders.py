@@ -14,11 +14,14 @@ def id2label() -> dict[int, str]:
     return dict(enumerate(LABELS))
 
 
-def save_transformers(kind: str, folder: Path, seed: int = 0) -> Path:
-    """A randomly initialized tiny ``kind`` (vit, convnext, resnet) with its processor, via save_pretrained."""
+def save_transformers(kind: str, folder: Path, seed: int = 0, problem_type: str | None = None) -> Path:
+    """A randomly initialized tiny ``kind`` (vit, convnext, resnet) with its processor, via save_pretrained;
+    ``problem_type``: its config's (multi_label_classification: a multi-label classifier)."""
     import transformers as tf
 
     labels = {"id2label": id2label(), "label2id": {v: k for k, v in id2label().items()}}
+    if problem_type is not None:
+        labels["problem_type"] = problem_type
     if kind == "vit":
         config = tf.ViTConfig(
             image_size=32,

@@ -24,6 +24,7 @@ from preprocessing import ImageError, PreparedBatch, Preprocessor, create_prepro
 from preprocessing.device_health import unusable_device
 from service.heap import HeapTrimmer
 from service.metrics import metrics, record_gpu_memory
+from service.model_info import resolve_activation
 from service.settings import ServeSettings
 from service.tracing import ENGINE, PIPELINE_WAIT, PREPROCESS, BatchTrace, record_batch, trace_batch
 from service.wire import Answer, ImageRequest
@@ -37,6 +38,7 @@ from service.worker.engine import (
     set_worker_threads,
     with_lone_engine,
 )
+from service.worker.outputs import activation_function, logits_rows, top_scores
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class ClassifyBatch:
     request_ids: list[str | None] = field(default_factory=list)
     prepared_at: float = 0.0  # time.perf_counter() when preparing ended
     trace: BatchTrace | None = None  # its traced requests (service/tracing/); None: none, or tracing off
+    logits: list[bool] = field(default_factory=list)  # per request: it asked for its whole logits row
 
 
 @dataclass
@@ -64,6 +67,7 @@ class ItemResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     predictions: list[tuple[int, float]] | None = None
     error: ImageError | None = None
+    logits: bytes | None = None  # the whole row, float32, for a request that asked for it
 
 
 def warmup_jpeg(width: int = 640, height: int = 480) -> bytes:
@@ -139,9 +143,29 @@ def record_batch_trace(
     record_batch(batch.trace, stages, attributes, failed)
 
 
+def to_answer(result: ItemResult, served: ServedModel) -> Answer:
+    """The compact answer the loop sends to the HTTP process."""
+    if result.error is not None:
+        return Answer(
+            status_code=result.error.status_code,
+            detail=result.error.detail,
+            batch_size=result.batch_size,
+            timings_ms=result.timings_ms,
+        )
+    labels = served.entry.labels
+    return Answer(
+        predictions=tuple((index, labels[index], score) for index, score in result.predictions),
+        model=served.entry.name,
+        engine=served.engine_name,
+        batch_size=result.batch_size,
+        timings_ms=result.timings_ms,
+        logits=result.logits,
+    )
+
+
 class Classifier:
     """``prepare`` (decode, resize, upload; on a GPU on a CUDA stream of its own when pipelined) and
-    ``run`` (engine, softmax and top-k on the device, answers). Built by ``load`` in the worker."""
+    ``run`` (engine, activation and top-k on the device, answers). Built by ``load`` in the worker."""
 
     def __init__(
         self, settings: ServeSettings, served: ServedModel, preprocessor: Preprocessor, device: torch.device
@@ -150,6 +174,8 @@ class Classifier:
         self.served = served
         self.preprocessor = preprocessor
         self.device = device
+        self.activation = resolve_activation(settings.activation, served.entry.activation)
+        self._activate = activation_function(self.activation)
         # A pipelined worker prepares the next batch in another thread while this one runs: on a GPU
         # that work goes on a stream of its own, so it overlaps the engine's (service/worker/loop.py).
         self.pipelined = settings.pipeline_depth > 1  # the plan resolved it (service/supervisor/planning/)
@@ -212,7 +238,8 @@ class Classifier:
         top_k = [item.top_k for item in requests]
         preprocess_ms = (prepared_at - started) * 1e3
         trace = trace_batch(requests, now)
-        return ClassifyBatch(prepared, top_k, preprocess_ms, queue_ms, request_ids, prepared_at, trace)
+        logits = [item.logits for item in requests]
+        return ClassifyBatch(prepared, top_k, preprocess_ms, queue_ms, request_ids, prepared_at, trace, logits)
 
     def run(self, batch: ClassifyBatch) -> list[Answer]:
         # A pipelined worker's prepared batch waits while the engine runs the one before it: its
@@ -239,7 +266,7 @@ class Classifier:
                 ", ".join(f"{k} {v:.1f} ms" for k, v in timings.items() if k != "queue"),
                 extra={"request_ids": batch.request_ids},
             )
-        return [self.to_answer(result) for result in results]
+        return [to_answer(result, self.served) for result in results]
 
     def unusable_device(self) -> str | None:
         """After a failure: why this worker's device no longer runs work, or None (service/worker/loop.py)."""
@@ -262,30 +289,15 @@ class Classifier:
         with self.heap_trimmer.busy(), torch.inference_mode():
             # Only a worker with a lone engine asks the others: the shared array is read for nothing else.
             alone = self.served.lone_run is not None and len(ok) == 1 and self.others_idle()
-            logits = self.served(prepared.images, alone=alone)
-            # Softmax and top-k on the device: only k values per image cross back to the host.
-            probabilities, indices = logits.float().softmax(dim=1).topk(k, dim=1)
-            probabilities, indices = probabilities.cpu().tolist(), indices.cpu().tolist()
+            logits = self.served(prepared.images, alone=alone).float()
+            # The activation and top-k on the device: only k values per image cross back to the host,
+            # and a whole row only for a request that asked for it.
+            scores, indices = top_scores(logits, self._activate, k)
+            asked = [row for row, i in enumerate(ok) if batch.logits[i]] if any(batch.logits) else []
+            rows = logits_rows(logits, asked)
         inference_ms = (time.perf_counter() - started) * 1e3
         for row, i in enumerate(ok):
-            results[i].predictions = list(zip(indices[row], probabilities[row], strict=True))[: batch.top_k[i]]
+            results[i].predictions = list(zip(indices[row], scores[row], strict=True))[: batch.top_k[i]]
             results[i].timings_ms["inference"] = inference_ms
+            results[i].logits = rows.get(row)
         return results
-
-    def to_answer(self, result: ItemResult) -> Answer:
-        """The compact answer the loop sends to the HTTP process."""
-        if result.error is not None:
-            return Answer(
-                status_code=result.error.status_code,
-                detail=result.error.detail,
-                batch_size=result.batch_size,
-                timings_ms=result.timings_ms,
-            )
-        labels = self.served.entry.labels
-        return Answer(
-            predictions=tuple((index, labels[index], probability) for index, probability in result.predictions),
-            model=self.served.entry.name,
-            engine=self.served.engine_name,
-            batch_size=result.batch_size,
-            timings_ms=result.timings_ms,
-        )

@@ -82,7 +82,8 @@ def test_http_health_and_metadata(server) -> None:
     assert client.is_model_ready(MODEL) and not client.is_model_ready("resnet50")
     metadata = client.get_model_metadata(MODEL, headers=auth())
     assert metadata["inputs"] == [{"name": "IMAGE", "datatype": "BYTES", "shape": [-1]}]
-    assert [o["name"] for o in metadata["outputs"]] == ["LABELS", "PROBABILITIES", "CLASS_INDICES"]
+    assert [o["name"] for o in metadata["outputs"]] == ["LABELS", "PROBABILITIES", "CLASS_INDICES", "LOGITS"]
+    assert metadata["outputs"][3] == {"name": "LOGITS", "datatype": "FP32", "shape": [-1, 1000]}
     assert "classification" in client.get_server_metadata(headers=auth())["extensions"]
 
 
@@ -165,7 +166,9 @@ def test_grpc_health_metadata_and_infer(server, photos) -> None:
         "LABELS",
         "PROBABILITIES",
         "CLASS_INDICES",
+        "LOGITS",
     ]
+    assert list(metadata.outputs[3].shape) == [-1, 1000]
     outputs = [
         triton_grpc.InferRequestedOutput("LABELS"),
         triton_grpc.InferRequestedOutput("PROBABILITIES", class_count=3),

@@ -22,15 +22,17 @@ from service.http.oip.routes import decompress, encode_infer_response, model_in_
 from service.http.oip.tensors import (
     CLASS_INDICES,
     LABELS,
+    LOGITS,
     PROBABILITIES,
     InferCall,
     RequestedOutput,
     build_outputs,
     deserialize_bytes,
     failed_items,
+    model_metadata,
     serialize_bytes,
 )
-from service.wire import Answer
+from service.wire import LOGITS_DTYPE, Answer
 
 LIMIT = 64
 
@@ -94,7 +96,10 @@ def test_top_k_parameter_and_request_id() -> None:
         (lambda r: r["inputs"][0].update(shape=[1, 2]), "[N] or [N, 1]"),
         (lambda r: r["inputs"][0].update(data=["@@@"]), "not base64"),
         (lambda r: r["inputs"][0].pop("data"), '"data" (JSON) or a "binary_data_size"'),
-        (lambda r: r.update(outputs=[{"name": "LOGITS"}]), "Unknown output 'LOGITS'"),
+        (
+            lambda r: r.update(outputs=[{"name": "SCORES"}]),
+            "Unknown output 'SCORES': the model's outputs are LABELS, PROBABILITIES, CLASS_INDICES, LOGITS",
+        ),
         (lambda r: r.update(outputs=[{"name": "LABELS", "parameters": {"classification": 0}}]), "classification"),
         (lambda r: r.update(parameters={"top_k": "5"}), "top_k"),
         (lambda r: r.update(inputs=[]), 'needs "inputs"'),
@@ -253,3 +258,64 @@ def test_grpc_request_ids_follow_the_http_rules() -> None:
     for bad in ("x\nFAKE LOG LINE", "y" * 200, "", None):
         new = client_request_id(bad)
         assert new != bad and len(new) == 32
+
+
+# --- LOGITS: the model's whole output, only when named (issue 61, part 5) -------------------------------
+
+ROWS = np.array([[0.5, -2.25, 3.0], [-1.0, 4.5, 0.125]], dtype=np.float32)
+THREE = ("cat", "coffee", "rocket")
+
+
+def logits_answers() -> list[Answer]:
+    return [
+        Answer(predictions=((2, "rocket", 0.9),), logits=ROWS[0].astype(LOGITS_DTYPE).tobytes()),
+        Answer(predictions=((1, "coffee", 0.8),), logits=ROWS[1].astype(LOGITS_DTYPE).tobytes()),
+    ]
+
+
+def test_logits_is_asked_for_only_when_named_and_an_unknown_output_lists_it() -> None:
+    request = {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["eA=="]}]}
+    assert not parse_infer_body(json.dumps(request).encode(), None, LIMIT).wants_logits, "not among the defaults"
+    request["outputs"] = [{"name": "LOGITS", "parameters": {"classification": 2}}]
+    call = parse_infer_body(json.dumps(request).encode(), None, LIMIT)
+    assert call.wants_logits and call.outputs == [RequestedOutput(LOGITS, False, 2)] and call.worker_top_k == 5
+    grpc_request = service_pb2.ModelInferRequest(model_name="m")
+    grpc_request.inputs.add(name="IMAGE", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"file")
+    output = grpc_request.outputs.add(name="LOGITS")
+    output.parameters["classification"].int64_param = 3  # what tritonclient.grpc's class_count sends
+    assert parse_grpc_request(grpc_request, LIMIT).outputs == [RequestedOutput(LOGITS, True, 3)]
+    request["outputs"] = [{"name": "SCORES"}]
+    with pytest.raises(ServiceError, match="PROBABILITIES, CLASS_INDICES, LOGITS") as caught:
+        parse_infer_body(json.dumps(request).encode(), None, LIMIT)
+    assert caught.value.status == 400
+
+
+def test_logits_tensor_json_and_binary_parse_back_with_tritonclient() -> None:
+    for binary in (False, True):
+        call = InferCall([b"", b""], 1, [RequestedOutput(LOGITS, binary), RequestedOutput(LABELS)])
+        tensors = build_outputs(call, logits_answers(), THREE)
+        assert (tensors[0].datatype, tensors[0].shape) == ("FP32", [2, 3])
+        body, header_length = encode_infer_response("m", 1, call, tensors)
+        result = triton_http.InferResult.from_response_body(body, header_length=header_length)
+        (logits_output,) = [o for o in result.get_response()["outputs"] if o["name"] == LOGITS]
+        assert ("data" not in logits_output) is binary
+        back = result.as_numpy(LOGITS)
+        assert back.dtype == np.float32 and np.array_equal(back, ROWS)
+
+
+def test_classification_of_logits_is_tritons_value_index_label_strings() -> None:
+    tensors = build_outputs(InferCall([b"", b""], 1, [RequestedOutput(LOGITS, False, 2)]), logits_answers(), THREE)
+    assert tensors[0].datatype == "BYTES" and tensors[0].shape == [2, 2]
+    assert tensors[0].values == [
+        b"3.000000:2:rocket",
+        b"0.500000:0:cat",
+        b"4.500000:1:coffee",
+        b"0.125000:2:rocket",
+    ]
+    unlabelled = build_outputs(InferCall([b""], 1, [RequestedOutput(LOGITS, False, 9)]), logits_answers()[1:])
+    assert unlabelled[0].values == [b"4.500000:1", b"0.125000:2", b"-1.000000:0"]  # k past C: C, as Triton
+
+
+def test_model_metadata_lists_logits_with_the_classes() -> None:
+    outputs = {o["name"]: o for o in model_metadata("m", [1], "eager", 3)["outputs"]}
+    assert outputs[LOGITS] == {"name": LOGITS, "datatype": "FP32", "shape": [-1, 3]}

@@ -69,6 +69,7 @@ class Images:
 
     images: list[bytes | Answer]
     worker_top_k: int = 5
+    wants_logits: bool = False
 
 
 def classify(
@@ -466,4 +467,49 @@ def test_a_hit_is_answered_without_admission_or_a_worker_and_only_a_success_is_k
             channel.close()
             worker.close()
 
+    asyncio.run(scenario())
+
+
+def test_a_request_for_the_logits_carries_its_flag_to_the_worker_and_bypasses_the_cache(tmp_path) -> None:
+    """A request that asks for the model's whole output is never answered a cached top-k, and its
+    answer (with the logits) is not kept; a plain request's flag stays off (the default path)."""
+    with_logits = Answer(predictions=GOOD.predictions, model="lite", batch_size=1, logits=b"\0\0\x80?\0\0\0\0")
+
+    def ask_for(images: list[bytes], logits: bool) -> asyncio.Task[Outcome[Images]]:
+        async def parse() -> Images:
+            return Images(images, wants_logits=logits)
+
+        return asyncio.create_task(pipeline.run(Ask("lite", None), parse))
+
+    async def scenario() -> None:
+        receiving = asyncio.create_task(channel.receive_answers())
+        try:
+            plain = ask_for([A], logits=False)
+            queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+            assert queued.request.logits is False, "a plain request must not ask the worker for the logits"
+            worker.answer(queued, GOOD)
+            await asyncio.wait_for(plain, TIMEOUT_S)
+            lookups = cache.misses + sum(cache.hits.values())
+            asking = ask_for([A], logits=True)  # A's top-k is cached: it must not answer this one
+            queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+            assert queued is not None and queued.request.logits is True
+            worker.answer(queued, with_logits)
+            outcome = await asyncio.wait_for(asking, TIMEOUT_S)
+            assert not outcome.from_cache and outcome.answers[0].logits == with_logits.logits
+            assert cache.misses + sum(cache.hits.values()) == lookups, "a request for the logits never asks the cache"
+            asking = ask_for([B], logits=True)
+            worker.answer(await asyncio.to_thread(worker.receive, TIMEOUT_S), with_logits)
+            await asyncio.wait_for(asking, TIMEOUT_S)
+            plain = ask_for([B], logits=False)  # the logits answer was not kept: B still runs
+            queued = await asyncio.to_thread(worker.receive, TIMEOUT_S)
+            assert queued is not None, "an answer with the logits must not be kept for a top-k request"
+            worker.answer(queued, GOOD)
+            assert (await asyncio.wait_for(plain, TIMEOUT_S)).answers[0].logits is None
+        finally:
+            receiving.cancel()
+            channel.close()
+            worker.close()
+
+    cache = ResponseCache(1 << 20)
+    pipeline, channel, (worker,) = pipeline_with(tmp_path, workers=1, cache=cache)
     asyncio.run(scenario())

@@ -5,8 +5,9 @@ else) may hold anything, and a value may come from another version of the server
 pickle (reading it must not run code), it holds only what the model's own facts cannot give (the
 labels, model name and engine come from the route that answers: a planted label cannot be served),
 and ``decode`` checks it against the model and the request: exactly as many predictions as ``top_k``
-asks of this model, each a distinct class index of the model, probabilities finite, in [0, 1] and in
-descending order. Anything else, and any exception on the way, is a miss (``None``), never an error.
+asks of this model, each a distinct class index of the model, scores finite, in descending order and,
+for a model answering probabilities (softmax, sigmoid: its ``activation``), in [0, 1]; raw logits
+(``none``) may be any finite number. Anything else, and any exception on the way, is a miss (``None``), never an error.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def decode(value: object, model: ModelInfo, top_k: int) -> Answer | None:
     """A new ``Answer`` (its ``timings_ms`` a new dict: callers add to it) from ``value`` for ``model``
     asked for ``top_k`` labels, or ``None`` when ``value`` is not what ``encode`` makes for them."""
     try:
-        predictions = _predictions(value, model.labels, top_k)
+        predictions = _predictions(value, model.labels, top_k, model.activation != "none")
     except Exception:  # whatever an untrusted value makes the checks raise, it is a miss
         return None
     if predictions is None:
@@ -42,7 +43,9 @@ def decode(value: object, model: ModelInfo, top_k: int) -> Answer | None:
     return Answer(200, predictions=predictions, model=model.model, engine=model.engine, batch_size=0, timings_ms={})
 
 
-def _predictions(value: object, labels: tuple[str, ...], top_k: int) -> tuple[Prediction, ...] | None:
+def _predictions(
+    value: object, labels: tuple[str, ...], top_k: int, probabilities: bool = True
+) -> tuple[Prediction, ...] | None:
     if not isinstance(value, (bytes, bytearray)) or len(value) > MAX_VALUE_BYTES or not labels:
         return None
     parsed = json.loads(value)
@@ -51,7 +54,7 @@ def _predictions(value: object, labels: tuple[str, ...], top_k: int) -> tuple[Pr
     listed = parsed["p"]
     if not isinstance(listed, list) or len(listed) != min(top_k, len(labels)):
         return None
-    predictions, seen, previous = [], set(), 1.0
+    predictions, seen, previous = [], set(), 1.0 if probabilities else math.inf
     for item in listed:
         if not isinstance(item, list) or len(item) != 2:
             return None
@@ -61,7 +64,7 @@ def _predictions(value: object, labels: tuple[str, ...], top_k: int) -> tuple[Pr
         if type(probability) not in (int, float):
             return None
         probability = float(probability)  # OverflowError for a huge integer: a miss like the rest
-        if not math.isfinite(probability) or not 0.0 <= probability <= previous:
+        if not math.isfinite(probability) or probability > previous or (probabilities and probability < 0.0):
             return None
         seen.add(index)
         previous = probability

@@ -1,15 +1,18 @@
 """The response cache's keys: which model answered, which image, which ``top_k``.
 
 A key is ``vs2:<model fingerprint>:<top_k>:<sha256 of the image's bytes>``. The fingerprint digests the
-route's name, version and what its ``ModelInfo`` says that can change an answer (``answer_identity``;
-for an artifact: the manifest's ``compiled_at``, ``cache_key``, ``weights_sha256`` ...), so a model
-swapped or reloaded under another version or another build never shares a key with the one before it.
+route's name, version and what its ``ModelInfo`` says that can change an answer (``answer_identity``:
+its ``activation`` among them; for an artifact: the manifest's ``compiled_at``, ``cache_key``,
+``weights_sha256`` ...), so a model swapped or reloaded under another version or another build never
+shares a key with the one before it.
 Nothing in a key depends on the process, so every replica computes the same key for the same image,
 model and ``top_k``, and they share Redis entries.
 
 What is cached under a key is the model's answer (its predictions), not a response body: each protocol
 (/predict, the Open Inference Protocol over HTTP and gRPC) renders it itself, so the output form is no
-part of the key. ``vs2`` names the value's encoding (codec.py): a new encoding takes a new prefix.
+part of the key. A request for the model's whole output (LOGITS, ``/predict?logits=true``) bypasses the
+cache both ways (service/http/pipeline/pipeline.py): it is never answered a cached top-k, and its answer
+is not kept. ``vs2`` names the value's encoding (codec.py): a new encoding takes a new prefix.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             route = self.pipeline.route(request.name, request.version)
             table = self.pipeline.watch.table
             versions = sorted(table.models[route.name]) if not request.version else [route.version]
-            return model_metadata(route.name, versions, route.model.engine)
+            return model_metadata(route.name, versions, route.model.engine, len(route.model.labels))
 
         metadata = await self._run(context, describe)
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
@@ -250,7 +250,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             outcome = await run_infer(self.pipeline, request.model_name, request.model_version, parse, None, deadline)
             route = outcome.route
             with stage_span("answer"):
-                tensors = build_outputs(outcome.parsed, outcome.answers)
+                tensors = build_outputs(outcome.parsed, outcome.answers, route.model.labels)
         except ServiceError as exc:
             status, code = exc.status, grpc_status(exc)
             await context.abort(code, exc.message)

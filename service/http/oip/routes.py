@@ -212,7 +212,7 @@ class OipInferEndpoint:
         call, route = outcome.parsed, outcome.route
         with stage_span("answer"):  # traced requests (service/tracing/)
             content, header_length = encode_infer_response(
-                route.name, route.version, call, build_outputs(call, outcome.answers)
+                route.name, route.version, call, build_outputs(call, outcome.answers, route.model.labels)
             )
         headers = {"Server-Timing": server_timing({"total": outcome.total_ms})}
         if header_length is None:
@@ -264,7 +264,8 @@ def add_oip_routes(
             async def describe() -> Response:
                 route = table().resolve(name, version)
                 versions = sorted(table().models[route.name]) if version is None else [route.version]
-                return JSONResponse(model_metadata(route.name, versions, route.model.engine))
+                model = route.model
+                return JSONResponse(model_metadata(route.name, versions, model.engine, len(model.labels)))
 
             return await endpoint.guarded(request, describe)
 

@@ -7,10 +7,13 @@ The model, as its metadata tells clients:
 - input ``IMAGE``: the encoded image files, ``BYTES`` of shape ``[N]`` or ``[N, 1]`` (base64
   strings in JSON, raw in the binary tensor extension and gRPC); or ``UINT8`` of shape ``[L]`` /
   ``[1, L]`` for one file, ``[N, L]`` for N files padded to one length (Triton's DALI examples);
-- outputs ``LABELS`` (``BYTES``), ``PROBABILITIES`` (``FP32``) and ``CLASS_INDICES`` (``INT64``),
-  each ``[N, k]``, best first; k is the request parameter ``top_k`` (default 5);
+- outputs ``LABELS`` (``BYTES``), ``PROBABILITIES`` (``FP32``: the scores of the model's activation,
+  softmax, sigmoid or none) and ``CLASS_INDICES`` (``INT64``), each ``[N, k]``, best first; k is the
+  request parameter ``top_k`` (default 5); a request that names no outputs gets these three;
+- ``LOGITS`` (``FP32``, ``[N, C]``): the model's whole output before its activation, only when named
+  (the workers send it for such a request only);
 - Triton's classification extension: an output requested with ``classification: k`` holds the
-  strings ``"probability:index:label"`` of the top k instead.
+  strings ``"value:index:label"`` of its top k instead (``%f`` as Triton prints them).
 OIP has no per-item status: a request with an image that cannot be classified fails as a whole,
 naming the failing items.
 """
@@ -26,13 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import _defaults
-from service.errors import InvalidInput, PayloadTooLarge, error_of_status
+from service.errors import Internal, InvalidInput, PayloadTooLarge, error_of_status
 from service.http.base.top_k import top_k_value
-from service.wire import Answer
+from service.wire import LOGITS_DTYPE, Answer
 
 INPUT_NAME = "IMAGE"
-LABELS, PROBABILITIES, CLASS_INDICES = "LABELS", "PROBABILITIES", "CLASS_INDICES"
-OUTPUT_DATATYPES = {LABELS: "BYTES", PROBABILITIES: "FP32", CLASS_INDICES: "INT64"}
+LABELS, PROBABILITIES, CLASS_INDICES, LOGITS = "LABELS", "PROBABILITIES", "CLASS_INDICES", "LOGITS"
+# The top-k outputs, which a request that names none gets; LOGITS only when named.
+TOP_K_OUTPUTS = {LABELS: "BYTES", PROBABILITIES: "FP32", CLASS_INDICES: "INT64"}
+OUTPUT_DATATYPES = {**TOP_K_OUTPUTS, LOGITS: "FP32"}
 # What the server metadata lists; only what is implemented.
 EXTENSIONS = ("classification", "binary_tensor_data")
 REPOSITORY_EXTENSION = "model_repository"
@@ -69,7 +74,12 @@ class InferCall:
     @property
     def worker_top_k(self) -> int:
         """How many classes the workers must return to fill every requested output."""
-        return max([self.top_k] + [o.classification for o in self.outputs if o.classification])
+        return max([self.top_k] + [o.classification for o in self.outputs if o.classification and o.name != LOGITS])
+
+    @property
+    def wants_logits(self) -> bool:
+        """Whether an output needs the model's whole output (LOGITS, with or without classification)."""
+        return any(output.name == LOGITS for output in self.outputs)
 
 
 @dataclass(frozen=True)
@@ -79,24 +89,30 @@ class OutputTensor:
     shape: list[int]
     values: list  # flat, row-major: bytes for BYTES, float for FP32, int for INT64
     binary: bool = False
+    raw: bytes | None = None  # the binary form already made (LOGITS: the workers' float32 rows); values may be []
 
     def to_bytes(self) -> bytes:
         """The tensor in the binary form (the HTTP extension's body, gRPC's ``raw_output_contents``)."""
+        if self.raw is not None:
+            return self.raw
         if self.datatype == "BYTES":
             return serialize_bytes(self.values)
         dtype = "<f4" if self.datatype == "FP32" else "<i8"
         return np.asarray(self.values, dtype=dtype).tobytes()
 
 
-def model_metadata(name: str, versions: list[int], engine: str) -> dict:
-    """``GET /v2/models/{name}``: ``-1`` marks the batch and top-k dimensions."""
+def model_metadata(name: str, versions: list[int], engine: str, classes: int = -1) -> dict:
+    """``GET /v2/models/{name}``: ``-1`` marks the batch and top-k dimensions (and LOGITS' classes when
+    ``classes`` is not known)."""
+    shapes = {LOGITS: [-1, classes if classes > 0 else -1]}
     return {
         "name": name,
         "versions": [str(v) for v in versions],
         "platform": f"vision-serve_{engine}" if engine else "vision-serve",
         "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
         "outputs": [
-            {"name": name, "datatype": datatype, "shape": [-1, -1]} for name, datatype in OUTPUT_DATATYPES.items()
+            {"name": output, "datatype": datatype, "shape": shapes.get(output, [-1, -1])}
+            for output, datatype in OUTPUT_DATATYPES.items()
         ],
     }
 
@@ -137,7 +153,8 @@ def parse_output(name: object, binary: object, classification: object) -> Reques
         raise InvalidInput(f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
     if classification is not None and name == LABELS:
         raise InvalidInput(
-            "Parameter 'classification' applies to a numeric output (PROBABILITIES or CLASS_INDICES), not LABELS."
+            "Parameter 'classification' applies to a numeric output (PROBABILITIES, CLASS_INDICES or LOGITS), "
+            "not LABELS."
         )
     if classification is not None and (
         isinstance(classification, bool)
@@ -153,7 +170,7 @@ def parse_output(name: object, binary: object, classification: object) -> Reques
 
 def all_outputs(binary: bool) -> list[RequestedOutput]:
     """What a request that names no outputs gets."""
-    return [RequestedOutput(name, binary) for name in OUTPUT_DATATYPES]
+    return [RequestedOutput(name, binary) for name in TOP_K_OUTPUTS]
 
 
 def check_input(name: object, datatype: object, shape: object) -> tuple[str, list[int]]:
@@ -265,16 +282,20 @@ def _indices(indices: Sequence[int]) -> str:
     return shown + (f" and {len(indices) - 20} more" if len(indices) > 20 else "")
 
 
-def build_outputs(call: InferCall, answers: Sequence[Answer]) -> list[OutputTensor]:
-    """The requested output tensors from every image's successful answer."""
+def build_outputs(call: InferCall, answers: Sequence[Answer], labels: Sequence[str] = ()) -> list[OutputTensor]:
+    """The requested output tensors from every image's successful answer. ``labels``: the model's, in
+    index order, for classification strings of LOGITS (else the index alone, as Triton without labels)."""
     tensors = []
     n = len(answers)
     for output in call.outputs:
+        if output.name == LOGITS:
+            tensors.append(logits_tensor(output, answers, labels))
+            continue
         k = output.classification or call.top_k
         rows = [answer.predictions[:k] for answer in answers]
         width = min(len(row) for row in rows) if rows else 0  # k may exceed the model's classes
         if output.classification:
-            values = [f"{p:.6f}:{i}:{label}".encode() for row in rows for i, label, p in row[:width]]
+            values = [classification_string(p, i, label) for row in rows for i, label, p in row[:width]]
             tensors.append(OutputTensor(output.name, "BYTES", [n, width], values, output.binary))
             continue
         column = {LABELS: 1, PROBABILITIES: 2, CLASS_INDICES: 0}[output.name]
@@ -283,3 +304,28 @@ def build_outputs(call: InferCall, answers: Sequence[Answer]) -> list[OutputTens
             values = [label.encode() for label in values]
         tensors.append(OutputTensor(output.name, OUTPUT_DATATYPES[output.name], [n, width], values, output.binary))
     return tensors
+
+
+def classification_string(value: float, index: int, label: str | None) -> bytes:
+    """Triton's classification element: ``"<value>:<index>[:<label>]"``, the value as C's ``%f``."""
+    text = f"{value:f}:{index}"
+    return (f"{text}:{label}" if label else text).encode()
+
+
+def logits_tensor(output: RequestedOutput, answers: Sequence[Answer], labels: Sequence[str]) -> OutputTensor:
+    """LOGITS ``[N, C]`` from each answer's float32 row, or with ``classification`` its top k as strings."""
+    if any(answer.logits is None for answer in answers):
+        raise Internal("The workers answered without the logits this request asked for; see the server log.")
+    matrix = np.frombuffer(b"".join(answer.logits for answer in answers), dtype=LOGITS_DTYPE)  # type: ignore[misc]
+    matrix = matrix.reshape(len(answers), -1)
+    if output.classification:
+        width = min(output.classification, matrix.shape[1])
+        order = np.argsort(-matrix, axis=1, kind="stable")[:, :width]
+        values = [
+            classification_string(float(row[i]), int(i), labels[i] if i < len(labels) else None)
+            for row, indices in zip(matrix, order, strict=True)
+            for i in indices
+        ]
+        return OutputTensor(output.name, "BYTES", [len(answers), width], values, output.binary)
+    values = [] if output.binary else matrix.astype(np.float64).ravel().tolist()
+    return OutputTensor(output.name, "FP32", list(matrix.shape), values, output.binary, raw=matrix.tobytes())

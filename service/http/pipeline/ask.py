@@ -27,6 +27,11 @@ class Parsed(Protocol):
     def worker_top_k(self) -> int:
         """How many classes the workers return for each image."""
 
+    @property
+    def wants_logits(self) -> bool:
+        """Whether the request asked for the model's whole output (each image's logits): the workers then
+        send it, and the response cache is bypassed (it keeps top-k answers only)."""
+
 
 P = TypeVar("P", bound=Parsed)
 

@@ -75,9 +75,9 @@ class RequestPipeline:
         route = self.route(ask.model, ask.version)
         images = parsed.images
         refused = refusals(images, self.limits.max_image_pixels)
-        top_k, cache_on = parsed.worker_top_k, self.cache is not None
+        top_k, cache_on, logits = parsed.worker_top_k, self.cache is not None, parsed.wants_logits
         if refused.count(None) == len(images):  # the usual case, every image may run: nothing to pick out
-            answers, total_ms, route = await self._from_cache_or_workers(images, top_k, route, ask)
+            answers, total_ms, route = await self._from_cache_or_workers(images, top_k, route, ask, logits)
             return Outcome(parsed, answers, range(len(images)), total_ms, route, cache_on)
         if ask.on_refused is not None:
             ask.on_refused(parsed, refused)  # the protocol's rule: it raises to fail the whole request
@@ -86,19 +86,20 @@ class RequestPipeline:
         answers, total_ms = refused, 0.0
         if ran:
             picked = [images[index] for index in ran]
-            ran_answers, total_ms, route = await self._from_cache_or_workers(picked, top_k, route, ask)
+            ran_answers, total_ms, route = await self._from_cache_or_workers(picked, top_k, route, ask, logits)
             for index, answer in zip(ran, ran_answers, strict=True):
                 answers[index] = answer
         return Outcome(parsed, answers, ran, total_ms, route, cache_on)
 
     async def _from_cache_or_workers(
-        self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask, logits: bool = False
     ) -> tuple[list[Answer], float, VersionRoute]:
         """The checked images' answers from the cache, then the workers for the misses; the
-        milliseconds from the lookup to the last answer, and the version that answered."""
+        milliseconds from the lookup to the last answer, and the version that answered. A request for
+        the logits (``logits``) bypasses the cache both ways: it keeps top-k answers, never a whole output."""
         cache = self.cache
-        if cache is None:
-            answers, total_ms = await self._admit_and_submit(images, top_k, route, ask)
+        if cache is None or logits:
+            answers, total_ms = await self._admit_and_submit(images, top_k, route, ask, logits)
             return answers, total_ms, route
         started = time.monotonic()
         try:  # hits answered before any admission or decode; a slow Redis waited on until the deadline only
@@ -118,7 +119,7 @@ class RequestPipeline:
         return keep(cache, lookup, missing, ran), lookup.ms + total_ms, route
 
     async def _admit_and_submit(
-        self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask
+        self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask, logits: bool = False
     ) -> tuple[list[Answer], float]:
         """Admit the images under the server-wide gate and submit them to ``route``'s ready workers
         (their slots come back as their workers answer or drop them: service/transport/channels.py)."""
@@ -131,7 +132,7 @@ class RequestPipeline:
         self.gate.admit(len(images))
         # The slots are the submit's from here: each comes back once its image is answered or dropped
         # by its worker (or was never sent), not when the client stops waiting.
-        answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure, ask.deadline)
+        answers, total_ms = await self.submission.submit(channel, ready, images, top_k, departure, ask.deadline, logits)
         metrics().count_model_answers(route.name, route.version, (answer.status_code for answer in answers))
         if departure is not None and departure.gone:
             raise ClientClosed(CLIENT_LEFT.detail)  # its answers go nowhere, but the request is counted 499

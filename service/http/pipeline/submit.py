@@ -56,11 +56,13 @@ class Submission:
         top_k: int,
         departure: Departure | None,
         deadline: ClientDeadline | None = None,
+        logits: bool = False,
     ) -> tuple[list[Answer], float]:
         """Each image's ``Answer`` in input order (a 504 ``Answer`` for one not answered by the
         deadline, ``CLIENT_LEFT`` once ``departure`` is told), and the milliseconds from the submit
         to the last answer. ``ready``: the workers that may take them. The images' admission slots
-        are taken already: see the class."""
+        are taken already: see the class. ``logits``: the request asked for the model's whole output,
+        which the workers then send back with each answer."""
         # The whole wait in one span, so that current_traceparent() below names it (traced requests,
         # service/tracing/): the workers' spans become its children.
         with wait_span():
@@ -80,7 +82,7 @@ class Submission:
                     worker_id = channel.pick_worker(ready)
                     # The worker drops an image past its deadline instead of running it (its answer
                     # is already out), so timed-out work does not pile up.
-                    request = ImageRequest(image, top_k, queued_at, request_id, trace_parent, expiry.at)
+                    request = ImageRequest(image, top_k, queued_at, request_id, trace_parent, expiry.at, logits)
                     futures.append(channel.submit(worker_id, uid, request))  # its slot is the channel's now
                 # One timer on the futures themselves: asyncio.wait_for adds a future and callbacks per image.
                 timer = asyncio.get_running_loop().call_later(expiry.at - queued_at, expiry)

@@ -4,7 +4,8 @@ Accepted bodies for ``POST /predict``:
 - raw image bytes (``image/*``, ``application/octet-stream`` or no content type), ``?top_k=``;
 - ``multipart/form-data`` with a file field ``image`` and an optional field ``top_k``; several
   ``image`` fields make a request of many images;
-- JSON ``{"image": "<base64 or data: URL>", "top_k": 5}``, or ``{"images": [...], "top_k": 5}``.
+- JSON ``{"image": "<base64 or data: URL>", "top_k": 5}``, or ``{"images": [...], "top_k": 5}``;
+- with any of them ``?logits=true``: each answer also holds the model's whole output (its logits).
 Malformed requests are refused here with a 4xx ``ServiceError``; the images' headers are checked
 next (service/http/pipeline/checks.py), so only well-formed requests take a queue slot. In a request of many
 images, a bad one gets its own error and the others are still classified.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import reprlib
 from collections.abc import AsyncIterator
@@ -64,11 +66,16 @@ class PredictRequest:
     images: list[bytes | Answer]
     top_k: int = _defaults.TOP_K
     many: bool = False  # sent as several images (answered {"results": [...]}), even if only one came
+    logits: bool = False  # ?logits=true: each answer also holds the model's whole output
 
     @property
     def worker_top_k(self) -> int:
         """How many classes the workers return for each image: the request's ``top_k``."""
         return self.top_k
+
+    @property
+    def wants_logits(self) -> bool:
+        return self.logits
 
 
 async def _parse_multipart(request: Request, body: bytes, max_files: int) -> FormData:
@@ -95,12 +102,33 @@ def too_many_images(count: int | str, limit: int) -> ServiceError:
     )
 
 
+LOGITS_PARAMETER = "logits"
+_FLAG_VALUES = {"true": True, "1": True, "false": False, "0": False}
+
+
+def logits_flag(raw: str | None) -> bool:
+    """``?logits=``: true or 1 asks for each image's whole logits row; false, 0 or absent does not."""
+    if raw is None:
+        return False
+    value = _FLAG_VALUES.get(raw.strip().lower())
+    if value is None:
+        raise UnprocessableContent(f"logits must be true or false, got {reprlib.repr(raw)}.")
+    return value
+
+
 async def read_predict_request(request: Request, limits: RequestLimits) -> PredictRequest:
     """Parse the body of ``POST /predict``; malformed requests raise ``ServiceError`` with a 4xx.
 
     A request of one image keeps the single-image answer; ``many`` is set for several ``image``
-    fields or a JSON ``images`` list.
+    fields or a JSON ``images`` list; ``logits`` by ``?logits=true``.
     """
+    parsed = await _read_predict_body(request, limits)
+    if request.scope.get("query_string") and logits_flag(request.query_params.get(LOGITS_PARAMETER)):
+        return dataclasses.replace(parsed, logits=True)
+    return parsed
+
+
+async def _read_predict_body(request: Request, limits: RequestLimits) -> PredictRequest:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     top_k_raw: object = request.query_params.get("top_k")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from array import array
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -16,6 +17,8 @@ from starlette.responses import JSONResponse, Response
 from service.errors import ServiceError, http_headers
 from service.http.base.server_timing import server_timing
 from service.wire import Answer
+
+LOGITS_TYPECODE = "f"  # Answer.logits' float32 (service/wire.py LOGITS_DTYPE)
 
 # What Starlette's JSONResponse writes (compact, UTF-8, NaN refused), made once.
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -39,8 +42,8 @@ class AnswerResponse(Response):
 
 
 def answer_content(answer: Answer, version: int | None = None) -> dict:
-    """One answer's JSON object: ``{"predictions": [...], "model", "model_version", "engine"}`` or
-    ``{"detail": ...}``."""
+    """One answer's JSON object: ``{"predictions": [...], "model", "model_version", "engine"}`` (and
+    ``"logits"``, every class's, when the request asked for them) or ``{"detail": ...}``."""
     if answer.predictions is None:
         return {"detail": answer.detail}
     content = {
@@ -53,6 +56,8 @@ def answer_content(answer: Answer, version: int | None = None) -> dict:
     }
     if version is not None:
         content["model_version"] = str(version)
+    if answer.logits is not None:
+        content["logits"] = array(LOGITS_TYPECODE, answer.logits).tolist()
     return content
 
 

@@ -31,7 +31,14 @@ MAX_NAME_CHARS = 128  # model names are at most 128 characters (service/reposito
 # For /docs: the endpoint reads the body itself (to bound it), so FastAPI cannot infer this.
 OPENAPI_EXTRA = {
     "parameters": [
-        {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1, "default": 5}}
+        {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1, "default": 5}},
+        {
+            "name": "logits",
+            "in": "query",
+            "required": False,
+            "description": "true: each answer also holds the model's whole output before its activation",
+            "schema": {"type": "boolean", "default": False},
+        },
     ],
     "requestBody": {
         "required": True,

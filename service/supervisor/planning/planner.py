@@ -22,7 +22,7 @@ from compile.cli_flags import visible_device
 from compile.devices import emulated_bf16
 from compile.settings_errors import SettingsError
 from service import _defaults
-from service.model_info import ModelInfo
+from service.model_info import ModelInfo, resolve_activation
 from service.repository.layout import (
     ModelConfig,
     model_names,
@@ -239,6 +239,7 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: 
         source=settings.model,
         labels=labels,
         sizing=sizing.to_dict(),
+        activation=resolve_activation(settings.activation, entry.activation),
     )
     workers = (1 if accelerator == "cpu" else devices) * settings.workers_per_device
     settings = dataclasses.replace(
