@@ -221,6 +221,7 @@ def artifact_manifest(tmp_path, **changes):
         "device_capability": "AVX512",
         "device_isa": "avx512 avx512_vnni avx512_bf16",
         "engine_file": "model.onnx",
+        "activation": "softmax",
         "versions": {"onnxruntime": "1.32.0", "torch": "2.14.0"},
         **changes,
     }
