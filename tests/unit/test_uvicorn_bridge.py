@@ -419,6 +419,24 @@ def test_a_pipelined_body_held_behind_the_cap_reaches_its_request(quick_holding_
     assert app.body_bytes[-2:] == [len(body), len(body)]
 
 
+def test_a_body_full_of_headers_ends_neither_counts_nor_hides_the_requests_behind_it(holding_server) -> None:
+    """A body of known length is skipped, not searched, when requests are counted: its bytes (here a
+    hundred thousand blank lines, more than one read) are not requests, and the requests written right
+    after it are still counted one by one: exactly MAX_PIPELINED wait behind it."""
+    port, app, server = holding_server
+    body = b"\r\n\r\n" * 100_000
+    held_post = b"POST /hold HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    with socket.create_connection(("127.0.0.1", port), timeout=LATE_S) as connection:
+        connection.sendall(held_post + b"GET /p HTTP/1.1\r\nhost: x\r\n\r\n" * 40)
+        wait_for(lambda: parsed_waiting(server) == MAX_PIPELINED, f"{MAX_PIPELINED} requests parsed")
+        time.sleep(0.2)
+        assert parsed_waiting(server) == MAX_PIPELINED
+        app.release.set()
+        answers = receive_answers(connection, 41)
+    assert answers == [b"/hold", *[b"/p"] * 40]
+    assert app.body_bytes[0] == len(body)
+
+
 @pytest.mark.parametrize(
     ("tail", "data", "count", "expected"),
     [
