@@ -122,7 +122,11 @@ def one_run(tree_name: str, tree: Path, round_: int, args: argparse.Namespace, p
     server_args += ["--max-batch-size", str(args.max_batch)]
     log = work / f"{tree_name}-{round_}.log"
     run = Run(tree_name, round_, args.seconds)
-    with ServerProcess(server_args, log_path=log, env=tree_env(tree), command=NOOP_SERVER) as server:
+    # The hang watch (service/supervisor/pool/hangs.py) would take a worker stopped this long out of
+    # service at 5 s and restart it: what is measured here is what piles up while a worker does not
+    # read, so it is off (trees without it ignore the variable).
+    env = {**tree_env(tree), "VISION_SERVE_WORKER_HEARTBEAT_TIMEOUT_S": "0"}
+    with ServerProcess(server_args, log_path=log, env=env, command=NOOP_SERVER) as server:
         url = server.url
         httpx.post(f"{url}/predict", content=photo, headers={"Content-Type": "image/jpeg"}, timeout=60)
         processes = server_processes(server.process.pid)
