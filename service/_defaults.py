@@ -95,9 +95,12 @@ WORKER_BEAT_INTERVAL_S = 0.5  # not a flag: how often workers beat (service/tran
 MIN_WORKER_HEARTBEAT_TIMEOUT_S = 1.0  # two beats
 # One batch that runs this long while its worker still beats (an engine that never returns, a
 # deadlocked library) gets the worker killed and restarted the same way; 0: BATCH_HANG_REQUEST_TIMEOUTS
-# x --request-timeout-s (2 minutes by default), when every request of that batch got its 504 long ago.
+# x --request-timeout-s, when every request of that batch got its 504 long ago, and never under
+# MIN_BATCH_HANG_S: a short request deadline must not make a slow batch (ResNet-152's 32 images on one
+# core take 10 s and more) look hung, since restarting its worker costs a model load and saves nothing.
 BATCH_HANG_TIMEOUT_S = 0.0
 BATCH_HANG_REQUEST_TIMEOUTS = 4
+MIN_BATCH_HANG_S = 120.0
 # Each HTTP connection (service/uvicorn_bridge.py): a request's headers must arrive within
 # HEADER_TIMEOUT_S of the connection's opening (or of the request's first byte) and be at most
 # MAX_HEADER_BYTES; its body within BODY_TIMEOUT_S of the headers (a 32 MB upload at 1 MB/s takes 32 s).

@@ -235,8 +235,10 @@ def check_hang_timeouts(settings: ServeSettings) -> None:
 
 def batch_hang_timeout_s(settings: ServeSettings) -> float:
     """How long one batch may run while its worker beats: the flag, or by default a multiple of the
-    request deadline (a batch past it has had every request answered 504)."""
-    return settings.batch_hang_timeout_s or _defaults.BATCH_HANG_REQUEST_TIMEOUTS * settings.request_timeout_s
+    request deadline (a batch past it has had every request answered 504), at least MIN_BATCH_HANG_S."""
+    if settings.batch_hang_timeout_s:
+        return settings.batch_hang_timeout_s
+    return max(_defaults.BATCH_HANG_REQUEST_TIMEOUTS * settings.request_timeout_s, _defaults.MIN_BATCH_HANG_S)
 
 
 def check_keys(settings: ServeSettings) -> None:

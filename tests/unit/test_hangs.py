@@ -202,7 +202,9 @@ def test_the_hang_settings_and_their_defaults() -> None:
     assert settings.worker_heartbeat_timeout_s == _defaults.WORKER_HEARTBEAT_TIMEOUT_S
     assert batch_hang_timeout_s(settings) == _defaults.BATCH_HANG_REQUEST_TIMEOUTS * settings.request_timeout_s
     assert batch_hang_timeout_s(ServeSettings(batch_hang_timeout_s=7.0)) == 7.0
-    assert HangRules.from_settings(ServeSettings(request_timeout_s=10.0)).batch_timeout_s == 40.0
+    assert HangRules.from_settings(ServeSettings(request_timeout_s=60.0)).batch_timeout_s == 240.0
+    # A short request deadline does not make slow batches look hung (ResNet-152: 32 images, one core).
+    assert HangRules.from_settings(ServeSettings(request_timeout_s=1.0)).batch_timeout_s == _defaults.MIN_BATCH_HANG_S
     ServeSettings(worker_heartbeat_timeout_s=0)  # off
     with pytest.raises(SettingsError, match=r"--worker-heartbeat-timeout-s must be 0 \(off\) or >= 1 s"):
         ServeSettings(worker_heartbeat_timeout_s=0.5)
