@@ -89,3 +89,37 @@ def test_a_grpc_deadline_is_the_calls_time_remaining() -> None:
     deadline = grpc_deadline(CallContext(0.5))
     assert deadline.at == pytest.approx(deadline.received_at + 0.5)
     assert "the gRPC deadline" in deadline.detail()
+
+
+@pytest.mark.parametrize("python", [(3, 10), (3, 12)], ids=["wait_for (3.10)", "asyncio.timeout"])
+def test_within_cuts_a_step_at_the_deadline_and_lets_a_quick_one_finish(monkeypatch, python) -> None:
+    """Both ways ``within`` bounds a step: Python 3.10 has no asyncio.timeout (pyproject: >= 3.10)."""
+    import asyncio
+    import sys
+    import time
+
+    from service.errors import DeadlineExceeded
+    from service.http.base import deadlines
+
+    if python >= (3, 11) and sys.version_info < (3, 11):
+        pytest.skip("asyncio.timeout needs Python 3.11")
+    monkeypatch.setattr(deadlines.sys, "version_info", python)
+
+    def soon(seconds: float) -> deadlines.ClientDeadline:
+        deadline = deadlines.ClientDeadline()
+        deadline.tighten(seconds, "test")
+        return deadline
+
+    async def slow() -> str:
+        await asyncio.sleep(5)
+        return "late"
+
+    async def quick() -> str:
+        await asyncio.sleep(0)
+        return "done"
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        asyncio.run(deadlines.within(soon(0.05), slow()))
+    assert time.monotonic() - started < 2
+    assert asyncio.run(deadlines.within(soon(5.0), quick())) == "done"

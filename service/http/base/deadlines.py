@@ -19,6 +19,7 @@ queue and the batch (submit.py).
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
@@ -76,6 +77,13 @@ async def within(deadline: ClientDeadline | None, step: Awaitable[T]) -> T:
     (504) the moment it passes, ``step`` cancelled. No deadline (or none set yet): ``step`` as it is."""
     if deadline is None or deadline.at is None:
         return await step
+    if sys.version_info < (3, 11):  # asyncio.timeout is 3.11's; wait_for runs the step as a task
+        try:
+            return await asyncio.wait_for(step, deadline.at - time.monotonic())
+        except asyncio.TimeoutError:
+            if time.monotonic() < deadline.at:
+                raise  # the step's own
+            raise DeadlineExceeded(deadline.detail()) from None
     timeout = asyncio.timeout(deadline.at - time.monotonic())  # from the loop's clock: it may not be time's
     try:
         async with timeout:
