@@ -59,28 +59,41 @@ class Preprocessor(ABC):
         """Never raises for a bad item; see ``PreparedBatch``."""
 
     def empty_batch(self, errors: list[ImageError | None]) -> PreparedBatch:
-        size = self.spec.crop_size
-        return PreparedBatch(torch.empty((0, 3, size, size), device=self.device), errors)
+        height, width = self.spec.input_size
+        return PreparedBatch(torch.empty((0, 3, height, width), device=self.device), errors)
+
+
+def value_affine(spec: PreprocessSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(scale, bias)`` per model channel: ``pixel * scale + bias`` is ``spec``'s rescale + normalize of a
+    0..255 pixel, as one multiply-add (every backend folds its values this way)."""
+    if not spec.normalize:
+        return (spec.rescale_factor,) * 3, (0.0,) * 3
+    scale = tuple(spec.rescale_factor / s for s in spec.std)
+    bias = tuple(-m / s for m, s in zip(spec.mean, spec.std, strict=True))
+    return scale, bias
 
 
 class Normalizer:
-    """uint8 NHWC batch -> float32 NCHW, ``(x / 255 - mean) / std`` as one fused multiply-add.
+    """uint8 NHWC RGB batch -> float32 NCHW model input: channels put in ``spec.channel_order``, then
+    ``pixel * rescale_factor``, ``(value - mean) / std``, as one fused multiply-add.
 
     The result is a permuted view, so it is NCHW in shape and channels-last in memory, which is the
     layout convolution kernels prefer on both CPU (oneDNN) and GPU (cuDNN).
     """
 
     def __init__(self, spec: PreprocessSpec, device: torch.device) -> None:
-        std = torch.tensor(spec.std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
-        mean = torch.tensor(spec.mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
-        self.scale = 1.0 / (255.0 * std)
-        self.bias = -mean / std
+        scale, bias = value_affine(spec)
+        self.scale = torch.tensor(scale, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        self.bias = torch.tensor(bias, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        self.bgr = spec.channel_order == "BGR"
         self.device = device
 
     def __call__(self, batch_nhwc_uint8: torch.Tensor) -> torch.Tensor:
-        x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-        return self.nchw(x)
+        x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
+        return self.nchw(x.float())
 
     def nchw(self, batch_nchw: torch.Tensor) -> torch.Tensor:
-        """Normalize an NCHW batch of 0..255 values (any float dtype) that is already on the device."""
+        """Normalize an NCHW batch of RGB 0..255 values (any float dtype) that is already on the device."""
+        if self.bgr:
+            batch_nchw = batch_nchw.flip(1)
         return torch.addcmul(self.bias, batch_nchw, self.scale)

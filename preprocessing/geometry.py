@@ -1,4 +1,5 @@
-"""Resize-then-center-crop geometry, with torchvision's rounding, shared by every backend."""
+"""Resize + crop geometry of a ``PreprocessSpec`` for one image, with each library's rounding; shared
+by every backend so that they all cut the same pixels."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 from preprocessing.probe import TRANSPOSING_ORIENTATIONS
 from preprocessing.spec import PreprocessSpec
 
+Box = tuple[int, int, int, int]  # (left, top, right, bottom)
+
 
 def resized_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
     """Size after scaling the shorter side to ``shorter_side``; same rounding as torchvision's Resize."""
@@ -18,35 +21,90 @@ def resized_size(width: int, height: int, shorter_side: int) -> tuple[int, int]:
     return (shorter_side, new_long) if width <= height else (new_long, shorter_side)
 
 
-def center_crop_box(width: int, height: int, crop: int) -> tuple[int, int, int, int]:
-    """``(left, top, right, bottom)`` with torchvision CenterCrop's offsets."""
-    left = round((width - crop) / 2.0)
-    top = round((height - crop) / 2.0)
+def keep_ratio_size(width: int, height: int, box_height: int, box_width: int, *, longest: bool) -> tuple[int, int]:
+    """timm's ``ResizeKeepRatio``: one scale for both sides, the one that makes the image cover the box
+    (``longest=False``) or fit inside it (``longest=True``); sides rounded with ``round``, at least 1."""
+    ratio_h, ratio_w = height / box_height, width / box_width
+    ratio = max(ratio_h, ratio_w) if longest else min(ratio_h, ratio_w)
+    return max(1, round(width / ratio)), max(1, round(height / ratio))
+
+
+def spec_resized_size(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int]:
+    """``(width, height)`` that an upright ``width x height`` image is resized to under ``spec``."""
+    if spec.resize_mode == "shorter":
+        return resized_size(width, height, spec.resize_size)
+    if spec.resize_mode == "exact":
+        return spec.resize_width, spec.resize_height
+    return keep_ratio_size(width, height, spec.resize_height, spec.resize_width, longest=spec.resize_mode == "contain")
+
+
+def crop_offset(size: int, crop: int, rounding: str = "round") -> int:
+    """Where a centred window of ``crop`` pixels starts in ``size``: negative where it is larger (the
+    image is then padded by ``(crop - size) // 2`` before, as torchvision, timm and transformers pad)."""
+    if crop > size:
+        return -((crop - size) // 2)
+    half = (size - crop) / 2.0
+    return round(half) if rounding == "round" else int(half)
+
+
+def center_crop_box(width: int, height: int, crop: int) -> Box:
+    """``(left, top, right, bottom)`` of a square crop with torchvision CenterCrop's offsets."""
+    left, top = crop_offset(width, crop), crop_offset(height, crop)
     return left, top, left + crop, top + crop
 
 
 @dataclass(frozen=True)
 class CropPlan:
-    """Where one image's model input comes from: resize to ``resized``, then crop ``box`` out of it.
+    """Where one image's model input comes from: resize to ``resized``, then cut the window ``box``.
 
-    ``source_box`` is the same crop in the original image's pixel coordinates (floats), so a
-    backend that can resample a region (Pillow's ``box``, DALI's ``roi_*``) resamples only what the
-    model will see, with the same result as resizing the whole image and cropping.
+    ``box`` is the model input's window in the resized image; it may reach past the image (a
+    ``contain`` resize), where the input is ``spec.pad_fill``. ``inner`` is the part of ``box`` inside
+    the image, the only pixels that are resampled, and ``source_box`` is ``inner`` in the original
+    image's pixel coordinates (floats), so a backend that can resample a region (Pillow's ``box``,
+    DALI's ``roi_*``) resamples only what the model will see, with the same result as resizing the whole
+    image and cropping. Without padding ``inner == box``.
     """
 
     resized: tuple[int, int]  # (width, height)
-    box: tuple[int, int, int, int]  # (left, top, right, bottom) in the resized image
-    source_box: tuple[float, float, float, float]  # the crop in original pixel coordinates
+    box: Box  # the model input's window in the resized image
+    source_box: tuple[float, float, float, float]  # ``inner`` in original pixel coordinates
+    inner: Box  # ``box`` clipped to the resized image
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """``(width, height)`` of the model input."""
+        left, top, right, bottom = self.box
+        return right - left, bottom - top
+
+    @property
+    def inner_size(self) -> tuple[int, int]:
+        left, top, right, bottom = self.inner
+        return right - left, bottom - top
+
+    @property
+    def inner_offset(self) -> tuple[int, int]:
+        """``(x, y)`` where ``inner`` lands in the model input; (0, 0) without padding."""
+        return self.inner[0] - self.box[0], self.inner[1] - self.box[1]
+
+    @property
+    def pads(self) -> bool:
+        return self.inner != self.box
 
 
 def plan_crop(width: int, height: int, spec: PreprocessSpec) -> CropPlan:
-    """The resize + center-crop of ``spec`` for an upright ``width x height`` image."""
-    new_width, new_height = resized_size(width, height, spec.resize_size)
-    box = center_crop_box(new_width, new_height, spec.crop_size)
+    """The resize + crop of ``spec`` for an upright ``width x height`` image."""
+    new_width, new_height = spec_resized_size(width, height, spec)
+    out_height, out_width = spec.input_size
+    if spec.crop_height:
+        left = crop_offset(new_width, out_width, spec.crop_rounding)
+        top = crop_offset(new_height, out_height, spec.crop_rounding)
+    else:
+        left = top = 0
+    box = (left, top, left + out_width, top + out_height)
+    inner = (max(0, left), max(0, top), min(new_width, box[2]), min(new_height, box[3]))
     scale_x, scale_y = width / new_width, height / new_height
-    left, top, right, bottom = box
-    source_box = (left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)
-    return CropPlan((new_width, new_height), box, source_box)
+    source_box = (inner[0] * scale_x, inner[1] * scale_y, inner[2] * scale_x, inner[3] * scale_y)
+    return CropPlan((new_width, new_height), box, source_box, inner)
 
 
 def stored_box(
@@ -71,10 +129,10 @@ def stored_box(
 
 def stored_resize_and_crop(plan: CropPlan, orientation: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """``plan`` (made for the displayed image) for the stored, not yet EXIF-rotated one:
-    ``((width, height), (left, top))`` to resize the stored image to and to crop at; ``orient``
-    turns the crop upright, with the same pixels as resizing and cropping the displayed image."""
+    ``((width, height), (left, top))`` to resize the stored image to and to cut ``plan.inner`` at;
+    ``orient`` turns the cut upright, with the same pixels as resizing and cropping the displayed image."""
     width, height = plan.resized
-    left, top, _, _ = stored_box(plan.box, orientation, width, height)
+    left, top, _, _ = stored_box(plan.inner, orientation, width, height)
     size = (height, width) if orientation in TRANSPOSING_ORIENTATIONS else (width, height)
     return size, (round(left), round(top))
 
@@ -100,7 +158,8 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 def orient_rows(rows: torch.Tensor, orientations: Sequence[int]) -> torch.Tensor:
-    """An N x C x H x W batch of square crops with row ``i`` turned upright under ``orientations[i]``.
+    """An N x C x H x W batch of crops (square where any orientation transposes) with row ``i`` turned
+    upright under ``orientations[i]``.
 
     A new tensor, never an in-place write: a transposed crop is a view of the row it came from, and
     writing it back onto that row overlaps (torch refuses it), which once sent every orientation-5
@@ -109,3 +168,67 @@ def orient_rows(rows: torch.Tensor, orientations: Sequence[int]) -> torch.Tensor
     if all(orientation == 1 for orientation in orientations):
         return rows
     return torch.stack([orient(row, orientation) for row, orientation in zip(rows, orientations, strict=True)])
+
+
+def _axis_taps(
+    in_size: int, out_size: int, start: int, stop: int, mode: str
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(source index, weight)`` taps of output pixels ``start..stop`` of a plain (not antialiased)
+    ``in_size -> out_size`` interpolation along one axis, with ``F.interpolate``'s coordinate mapping
+    (``align_corners=False``), its border handling and its bicubic (A = -0.75)."""
+    scale = in_size / out_size
+    j = torch.arange(start, stop, dtype=torch.float64)
+    last = in_size - 1
+    if mode == "nearest":  # nearest-exact: the source pixel whose centre is nearest, as Pillow picks it
+        index = torch.floor((j + 0.5) * scale).clamp(max=last).long()
+        return [(index, torch.ones_like(j))]
+    src = (j + 0.5) * scale - 0.5
+    if mode == "bilinear":
+        src = src.clamp(min=0.0)
+        low = torch.floor(src).clamp(max=last)
+        frac = src - low
+        low = low.long()
+        return [(low, 1.0 - frac), ((low + 1).clamp(max=last), frac)]
+    low = torch.floor(src)
+    t = src - low
+    a = -0.75
+
+    def near(x: torch.Tensor) -> torch.Tensor:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: torch.Tensor) -> torch.Tensor:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = (far(t + 1), near(t), near(1 - t), far(2 - t))
+    low = low.long()
+    return [((low + k - 1).clamp(0, last), w) for k, w in enumerate(weights)]
+
+
+def _interpolate_axis(image: torch.Tensor, axis: int, out_size: int, start: int, stop: int, mode: str) -> torch.Tensor:
+    result = None
+    for index, weight in _axis_taps(image.shape[axis], out_size, start, stop, mode):
+        shape = [1] * image.dim()
+        shape[axis] = -1
+        term = image.index_select(axis, index) * weight.to(image.dtype).view(shape)
+        result = term if result is None else result + term
+    return result
+
+
+def interpolate_crop(image: torch.Tensor, plan: CropPlan, spec: PreprocessSpec) -> torch.Tensor:
+    """An upright uint8 CHW image -> the uint8 CHW model-input window of ``plan``, resized without
+    antialiasing (``spec.antialias`` false): the same pixels as ``F.interpolate(antialias=False)`` of the
+    whole image, cropped and padded, but only the window is computed (a long strip's full resize
+    would not fit in memory)."""
+    width, height = plan.resized
+    left, top, right, bottom = plan.inner
+    pixels = image.to(torch.float32)
+    pixels = _interpolate_axis(pixels, 1, height, top, bottom, spec.interpolation)
+    pixels = _interpolate_axis(pixels, 2, width, left, right, spec.interpolation)
+    window = pixels.round_().clamp_(0, 255).to(torch.uint8)
+    if not plan.pads:
+        return window
+    out_width, out_height = plan.output_size
+    canvas = torch.tensor(spec.pad_fill, dtype=torch.uint8).view(3, 1, 1).repeat(1, out_height, out_width)
+    x, y = plan.inner_offset
+    canvas[:, y : y + window.shape[1], x : x + window.shape[2]] = window
+    return canvas

@@ -13,7 +13,7 @@ from PIL import Image, ImageOps
 
 from preprocessing import _defaults
 from preprocessing.base import ImageDecodeError, ImageError, Normalizer, PreparedBatch, Preprocessor
-from preprocessing.geometry import plan_crop
+from preprocessing.geometry import CropPlan, interpolate_crop, plan_crop
 from preprocessing.probe import JPEG_FORMATS, check_jpeg_data, open_image
 from preprocessing.spec import PreprocessSpec
 
@@ -55,8 +55,8 @@ class PilPreprocessor(Preprocessor):
     """Decode with Pillow on the CPU, then normalize the uint8 batch on the model's device.
 
     Per image: header check (pixel limit, decode cost, a JPEG's data against its frame) -> JPEG
-    draft when the photo is far larger than needed -> EXIF orientation -> RGB -> shorter-side resize
-    (antialiased) -> center crop.
+    draft when the photo is far larger than needed -> EXIF orientation -> RGB -> the spec's resize
+    (antialiased unless it says not) -> its crop, padded with ``pad_fill`` where it reaches past.
     """
 
     name = "pil"
@@ -119,19 +119,33 @@ class PilPreprocessor(Preprocessor):
     def _transform(self, img: Image.Image) -> np.ndarray:
         spec = self.spec
         if self.use_jpeg_draft and img.format in JPEG_FORMATS:
-            wanted = spec.resize_size * _defaults.JPEG_DRAFT_HEADROOM
+            wanted = spec.resize_target * _defaults.JPEG_DRAFT_HEADROOM
             if min(img.size) >= 2 * wanted:
-                # draft() picks the largest 1/2, 1/4, 1/8 scale that keeps both sides >= wanted.
+                # draft() picks the largest 1/2, 1/4, 1/8 scale that keeps both sides >= wanted, so every
+                # side the resize makes is still shrunk at least JPEG_DRAFT_HEADROOM times.
                 img.draft(None, (wanted, wanted))
         img = ImageOps.exif_transpose(img)  # loads the pixels; phone photos are stored sideways
         img = to_rgb(img)
         plan = plan_crop(*img.size, spec)
+        if not spec.antialias:
+            return self._interpolate(img, plan)
         new_width, new_height = plan.resized
-        if new_width * new_height <= _defaults.MAX_RESIZED_AREA_FACTOR * spec.resize_size**2:
+        if new_width * new_height <= _defaults.MAX_RESIZED_AREA_FACTOR * spec.resize_target**2:
             # Resize, then crop: exactly torchvision's Resize + CenterCrop.
-            img = img.resize(plan.resized, self._resample).crop(plan.box)
+            img = img.resize(plan.resized, self._resample).crop(plan.inner)
         else:
             # A long strip (a 1 x 100000 PNG is 300 bytes) would resize to gigabytes: resample only
             # the crop region. Same geometry; pixels within 2 uint8 levels of the path above.
-            img = img.resize((spec.crop_size, spec.crop_size), self._resample, box=plan.source_box)
+            img = img.resize(plan.inner_size, self._resample, box=plan.source_box)
+        if plan.pads:
+            canvas = Image.new("RGB", plan.output_size, spec.pad_fill)
+            canvas.paste(img, plan.inner_offset)
+            img = canvas
         return np.asarray(img, dtype=np.uint8)
+
+    def _interpolate(self, img: Image.Image, plan: CropPlan) -> np.ndarray:
+        """Resize without antialiasing (Pillow always antialiases when shrinking): torch's
+        ``F.interpolate`` on the region the crop keeps, as ``antialias=False`` does in torchvision."""
+        pixels = torch.from_numpy(np.asarray(img, dtype=np.uint8)).permute(2, 0, 1)
+        crop = interpolate_crop(pixels, plan, self.spec)
+        return crop.permute(1, 2, 0).contiguous().numpy()

@@ -279,7 +279,15 @@ def test_registry_picks_pil_on_cpu_and_rejects_unknown_names() -> None:
 
 def test_spec_rejects_bad_values_with_a_fix() -> None:
     with pytest.raises(ValueError, match="resize_size=256, crop_size=224"):
-        PreprocessSpec(resize_size=200, crop_size=224, mean=(0, 0, 0), std=(1, 1, 1))
+        PreprocessSpec(resize_size=0, crop_size=224, mean=(0, 0, 0), std=(1, 1, 1))
+    with pytest.raises(ValueError, match="needs a crop"):
+        PreprocessSpec(resize_size=256, crop_size=0, mean=(0, 0, 0), std=(1, 1, 1))
+    with pytest.raises(ValueError, match="resize_height and resize_width"):
+        PreprocessSpec(0, 0, (0, 0, 0), (1, 1, 1), resize_mode="exact", resize_height=224)
+    with pytest.raises(ValueError, match="disagree"):
+        PreprocessSpec(256, 224, (0, 0, 0), (1, 1, 1), crop_height=200)
+    with pytest.raises(ValueError, match="unknown preprocessing field"):
+        PreprocessSpec.from_dict({**RESNET.to_dict(), "crop_mode": "center"})
     with pytest.raises(ValueError, match="interpolation"):
         PreprocessSpec(resize_size=256, crop_size=224, mean=(0, 0, 0), std=(1, 1, 1), interpolation="lanczos")
     assert PreprocessSpec.from_dict(RESNET.to_dict()) == RESNET
