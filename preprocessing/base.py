@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from preprocessing.errors import ImageDecodeError, ImageError
@@ -74,7 +75,7 @@ def value_affine(spec: PreprocessSpec) -> tuple[tuple[float, ...], tuple[float, 
 
 
 class Normalizer:
-    """uint8 NHWC RGB batch -> float32 NCHW model input: channels put in ``spec.channel_order``, then
+    """uint8 batch -> float32 NCHW model input: channels put in ``spec.channel_order``, then
     ``pixel * rescale_factor``, ``(value - mean) / std``, as one fused multiply-add.
 
     The result is a permuted view, so it is NCHW in shape and channels-last in memory, which is the
@@ -89,8 +90,14 @@ class Normalizer:
         self.device = device
 
     def __call__(self, batch_nhwc_uint8: torch.Tensor) -> torch.Tensor:
-        x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
-        return self.nchw(x.float())
+        """A uint8 NHWC batch whose channels are already in the model's order (``model_channels``)."""
+        x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
+        return torch.addcmul(self.bias, x, self.scale)
+
+    def model_channels(self, rgb_hwc: np.ndarray) -> np.ndarray:
+        """One uint8 HWC RGB image with its channels in the model's order: a view, which the batch's
+        ``np.stack`` copies anyway, so BGR costs nothing more."""
+        return rgb_hwc[:, :, ::-1] if self.bgr else rgb_hwc
 
     def nchw(self, batch_nchw: torch.Tensor) -> torch.Tensor:
         """Normalize an NCHW batch of RGB 0..255 values (any float dtype) that is already on the device."""

@@ -214,16 +214,29 @@ def _interpolate_axis(image: torch.Tensor, axis: int, out_size: int, start: int,
     return result
 
 
-def interpolate_crop(image: torch.Tensor, plan: CropPlan, spec: PreprocessSpec) -> torch.Tensor:
+def interpolate_crop(
+    image: torch.Tensor, plan: CropPlan, spec: PreprocessSpec, max_resized_area: int = 0
+) -> torch.Tensor:
     """An upright uint8 CHW image -> the uint8 CHW model-input window of ``plan``, resized without
-    antialiasing (``spec.antialias`` false): the same pixels as ``F.interpolate(antialias=False)`` of the
-    whole image, cropped and padded, but only the window is computed (a long strip's full resize
-    would not fit in memory)."""
+    antialiasing (``spec.antialias`` false): ``F.interpolate(antialias=False)`` of the whole image,
+    cropped and padded. Above ``max_resized_area`` resized pixels (a long strip's full resize would
+    not fit in memory) only the window is computed, tap by tap, within one level of the same."""
     width, height = plan.resized
     left, top, right, bottom = plan.inner
     pixels = image.to(torch.float32)
-    pixels = _interpolate_axis(pixels, 1, height, top, bottom, spec.interpolation)
-    pixels = _interpolate_axis(pixels, 2, width, left, right, spec.interpolation)
+    if width * height <= max_resized_area:
+        nearest = spec.interpolation == "nearest"
+        pixels = torch.nn.functional.interpolate(
+            pixels.unsqueeze(0),
+            size=(height, width),
+            # nearest-exact samples pixel centres, as Pillow does; plain nearest floors.
+            mode="nearest-exact" if nearest else spec.interpolation,
+            antialias=False,
+            align_corners=None if nearest else False,
+        )[0, :, top:bottom, left:right]
+    else:
+        pixels = _interpolate_axis(pixels, 1, height, top, bottom, spec.interpolation)
+        pixels = _interpolate_axis(pixels, 2, width, left, right, spec.interpolation)
     window = pixels.round_().clamp_(0, 255).to(torch.uint8)
     if not plan.pads:
         return window

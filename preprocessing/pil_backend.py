@@ -93,7 +93,7 @@ class PilPreprocessor(Preprocessor):
         arrays = [d for d in decoded if not isinstance(d, ImageError)]
         if not arrays:
             return self.empty_batch(errors)
-        batch = torch.from_numpy(np.stack(arrays))
+        batch = torch.from_numpy(np.stack([self._normalize.model_channels(array) for array in arrays]))
         if self.device.type == "cuda":
             batch = batch.pin_memory()
         return PreparedBatch(self._normalize(batch), errors)
@@ -146,6 +146,7 @@ class PilPreprocessor(Preprocessor):
     def _interpolate(self, img: Image.Image, plan: CropPlan) -> np.ndarray:
         """Resize without antialiasing (Pillow always antialiases when shrinking): torch's
         ``F.interpolate`` on the region the crop keeps, as ``antialias=False`` does in torchvision."""
-        pixels = torch.from_numpy(np.asarray(img, dtype=np.uint8)).permute(2, 0, 1)
-        crop = interpolate_crop(pixels, plan, self.spec)
+        pixels = torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1)
+        bound = _defaults.MAX_RESIZED_AREA_FACTOR * self.spec.resize_target**2
+        crop = interpolate_crop(pixels, plan, self.spec, max_resized_area=bound)
         return crop.permute(1, 2, 0).contiguous().numpy()
