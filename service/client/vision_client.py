@@ -28,6 +28,9 @@ class Classification:
     engine: str
     latency_ms: float  # as seen by the client, network included
     batch_size: int | None  # how many requests shared this one's batch on the server, failed ones included
+    # The model's whole output before its activation, one float per class in index order: only when
+    # asked for (``logits=True``), else None.
+    logits: list[float] | None = None
 
     @property
     def top1(self) -> Prediction:
@@ -51,16 +54,23 @@ def _file(image: ImageInput) -> tuple[str, bytes, str]:
     return "image", image, "application/octet-stream"
 
 
-def _request_parts(image: ImageInput, top_k: int) -> tuple[bytes, dict[str, str], dict[str, int]]:
+def _query(top_k: int, logits: bool) -> dict[str, int | str]:
+    """The query string: ``logits`` only when asked, so a plain request stays the cacheable one."""
+    return {"top_k": top_k, "logits": "true"} if logits else {"top_k": top_k}
+
+
+def _request_parts(image: ImageInput, top_k: int, logits: bool) -> tuple[bytes, dict[str, str], dict]:
     _, data, content_type = _file(image)
-    return data, {"Content-Type": content_type}, {"top_k": top_k}
+    return data, {"Content-Type": content_type}, _query(top_k, logits)
 
 
-def _many_parts(images: Sequence[ImageInput], top_k: int) -> dict:
+def _many_parts(images: Sequence[ImageInput], top_k: int, logits: bool) -> dict:
     """One multipart request with an ``image`` field per image (httpx's ``files`` and ``data``)."""
     if not images:
         raise ValueError("classify_many needs at least one image.")
-    return {"files": [("image", _file(image)) for image in images], "data": {"top_k": str(top_k)}}
+    files = [("image", _file(image)) for image in images]
+    params = {"logits": "true"} if logits else {}
+    return {"files": files, "data": {"top_k": str(top_k)}, "params": params}
 
 
 def _body(response: httpx.Response) -> object:
@@ -74,7 +84,8 @@ def _classification(item: object, response: httpx.Response, batch_size: int | No
     try:
         predictions = [Prediction(p["index"], p["label"], p["probability"]) for p in item["predictions"]]
         model, engine = item["model"], item["engine"]
-    except (TypeError, KeyError):
+        logits = [float(value) for value in item["logits"]] if "logits" in item else None
+    except (TypeError, KeyError, ValueError):
         raise ClassifyError(200, f"Not a vision-serve answer: {response.text[:200]!r}") from None
     return Classification(
         predictions=predictions,
@@ -82,6 +93,7 @@ def _classification(item: object, response: httpx.Response, batch_size: int | No
         engine=engine,
         latency_ms=response.elapsed.total_seconds() * 1e3,
         batch_size=batch_size,
+        logits=logits,
     )
 
 
@@ -141,16 +153,18 @@ class VisionClient:
     ) -> None:
         self._http = httpx.Client(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
 
-    def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K) -> Classification:
-        data, headers, params = _request_parts(image, top_k)
+    def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K, logits: bool = False) -> Classification:
+        """``logits``: also the model's whole output (``Classification.logits``); such a request
+        bypasses the server's response cache."""
+        data, headers, params = _request_parts(image, top_k, logits)
         return _parse(self._http.post("/predict", content=data, headers=headers, params=params))
 
     def classify_many(
-        self, images: Sequence[ImageInput], *, top_k: int = _defaults.TOP_K
+        self, images: Sequence[ImageInput], *, top_k: int = _defaults.TOP_K, logits: bool = False
     ) -> list[Classification | ClassifyError]:
         """Several images in one request: each image's ``Classification`` or its own ``ClassifyError``,
         in order. Raises ``ClassifyError`` when the request as a whole fails (overload, limits, key)."""
-        return _parse_many(self._http.post("/predict", **_many_parts(images, top_k)), len(images))
+        return _parse_many(self._http.post("/predict", **_many_parts(images, top_k, logits)), len(images))
 
     def is_ready(self) -> bool:
         """Every inference worker of the server has loaded its model and warmed up."""
@@ -181,15 +195,18 @@ class AsyncVisionClient:
     ) -> None:
         self._http = httpx.AsyncClient(base_url=url, timeout=timeout, headers=_auth_headers(api_key))
 
-    async def classify(self, image: ImageInput, *, top_k: int = _defaults.TOP_K) -> Classification:
-        data, headers, params = _request_parts(image, top_k)
+    async def classify(
+        self, image: ImageInput, *, top_k: int = _defaults.TOP_K, logits: bool = False
+    ) -> Classification:
+        """As ``VisionClient.classify``."""
+        data, headers, params = _request_parts(image, top_k, logits)
         return _parse(await self._http.post("/predict", content=data, headers=headers, params=params))
 
     async def classify_many(
-        self, images: Sequence[ImageInput], *, top_k: int = _defaults.TOP_K
+        self, images: Sequence[ImageInput], *, top_k: int = _defaults.TOP_K, logits: bool = False
     ) -> list[Classification | ClassifyError]:
         """As ``VisionClient.classify_many``."""
-        return _parse_many(await self._http.post("/predict", **_many_parts(images, top_k)), len(images))
+        return _parse_many(await self._http.post("/predict", **_many_parts(images, top_k, logits)), len(images))
 
     async def is_ready(self) -> bool:
         try:

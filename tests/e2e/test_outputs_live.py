@@ -164,6 +164,27 @@ def test_predict_gives_the_whole_vector_on_request_never_from_the_cache(server, 
     assert httpx.post(url, params={"logits": "maybe"}, content=photos[0], timeout=30).status_code == 422
 
 
+def test_the_python_client_asks_for_the_whole_vector(server, photos, own_logits) -> None:
+    from service.client.vision_client import AsyncVisionClient, VisionClient
+
+    with VisionClient(server.url) as client:
+        assert client.classify(photos[0]).logits is None  # only when asked
+        one = client.classify(photos[0], logits=True)
+        many = client.classify_many(photos, top_k=2, logits=True)
+    np.testing.assert_allclose(one.logits, own_logits[0], rtol=LOGITS_RTOL, atol=LOGITS_ATOL)
+    assert [len(result.predictions) for result in many] == [2, 2]
+    for result, own in zip(many, own_logits, strict=True):
+        np.testing.assert_allclose(result.logits, own, rtol=LOGITS_RTOL, atol=LOGITS_ATOL)
+
+    async def asked_async():
+        async with AsyncVisionClient(server.url) as client:
+            return await client.classify(photos[1], logits=True)
+
+    import asyncio
+
+    np.testing.assert_allclose(asyncio.run(asked_async()).logits, own_logits[1], rtol=LOGITS_RTOL, atol=LOGITS_ATOL)
+
+
 def test_an_unknown_output_is_still_a_400_listing_the_outputs(server, photos) -> None:
     body = {
         "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["eA=="]}],
