@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from compile._defaults import ACTIVATIONS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -78,6 +80,7 @@ class ModelConfig:
     max_batch_size: int | None = None
     batch_timeout_ms: float | None = None
     version_policy: VersionPolicy | None = None  # None: Triton's default, the latest version
+    activation: str | None = None  # auto (the model's own), softmax, sigmoid or none
 
     @property
     def policy(self) -> VersionPolicy:
@@ -152,7 +155,7 @@ def read_config_toml(path: Path) -> ModelConfig:
         raise RepositoryError(f"{path}: {exc}") from None
 
 
-CONFIG_KEYS = ("workers_per_device", "max_batch_size", "batch_timeout_ms", "version_policy")
+CONFIG_KEYS = ("workers_per_device", "max_batch_size", "batch_timeout_ms", "version_policy", "activation")
 
 
 def config_from_mapping(data: dict, *, toml: bool) -> ModelConfig:
@@ -178,6 +181,11 @@ def config_from_mapping(data: dict, *, toml: bool) -> ModelConfig:
         values["batch_timeout_ms"] = float(value)
     if "version_policy" in data:
         values["version_policy"] = parse_version_policy(data["version_policy"])
+    if "activation" in data:
+        choices = ("auto", *ACTIVATIONS)
+        if data["activation"] not in choices:
+            raise RepositoryError(f"activation must be one of {', '.join(choices)}, got {data['activation']!r}.")
+        values["activation"] = data["activation"]
     return ModelConfig(**values)
 
 

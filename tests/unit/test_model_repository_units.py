@@ -72,6 +72,7 @@ def test_a_specific_version_that_is_missing_is_refused_with_what_exists() -> Non
         ("version_policy = {newest = 1}\n", "version_policy must be one of"),
         ("version_policy = {specific = []}\n", "positive versions"),
         ("max_batch_size = [\n", "not a readable TOML file"),
+        ('activation = "relu"\n', "activation must be one of auto, softmax, sigmoid, none"),
     ],
 )
 def test_a_bad_config_says_what_to_fix_and_where(tmp_path, text, message) -> None:
@@ -79,6 +80,22 @@ def test_a_bad_config_says_what_to_fix_and_where(tmp_path, text, message) -> Non
     with pytest.raises(RepositoryError, match=message) as caught:
         read_model_folder(repository, "pets")
     assert "config.toml" in str(caught.value)
+
+
+def test_a_models_activation_is_its_own_over_the_flag(tmp_path) -> None:
+    """config.toml's activation (a multi-label model among softmax ones) replaces --activation for that
+    model's versions alone; without it the flag's value stays."""
+    from service.settings import ServeSettings
+    from service.supervisor.planning.planner import version_settings
+
+    repository = make_repository(tmp_path, {"tags": ["1"], "pets": ["1"]}, {"tags": 'activation = "sigmoid"\n'})
+    tags, pets = read_model_folder(repository, "tags"), read_model_folder(repository, "pets")
+    assert tags.config.activation == "sigmoid" and pets.config.activation is None
+    server = ServeSettings(model_repository=str(repository), activation="none")
+    assert version_settings(server, "tags", tags.versions[1], tags.config).activation == "sigmoid"
+    assert version_settings(server, "pets", pets.versions[1], pets.config).activation == "none"
+    override = parse_config_override(json.dumps({"activation": "softmax"}))
+    assert tags.config.merged(override).activation == "softmax"  # a load call's config wins, as for the rest
 
 
 def test_a_missing_model_or_version_folder_names_the_fix(tmp_path) -> None:

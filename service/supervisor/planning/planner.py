@@ -264,6 +264,7 @@ def version_settings(settings: ServeSettings, name: str, artifact: Path, config:
         workers_per_device=config.workers_per_device or settings.workers_per_device,
         max_batch_size=config.max_batch_size or settings.max_batch_size,
         batch_timeout_ms=settings.batch_timeout_ms if config.batch_timeout_ms is None else config.batch_timeout_ms,
+        activation=config.activation or settings.activation,
     )
 
 
