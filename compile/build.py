@@ -48,6 +48,7 @@ from compile.settings import CompileSettings
 from compile.settings_errors import SettingsError
 from compile.versions import PROJECT_DISTRIBUTION, library_versions, package_version
 from compile.weights import LoadedModel, load_model
+from preprocessing.spec import PreprocessSpec
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def plan_compile(settings: CompileSettings) -> CompilePlan:
     check_model_backend(entry, backend_name, settings)
     triton_repository = Path(settings.triton_repository).expanduser() if settings.triton_repository else None
     if triton_repository is not None:
-        check_triton_export(backend_name, settings.batch, triton_repository, entry.name)
+        check_triton_export(backend_name, settings.batch, triton_repository, entry.name, entry.preprocess)
     output = Path(settings.output or default_output(entry.name, backend_name, settings.precision, device))
     output = output.expanduser()
     check_output_dir(output)
@@ -229,17 +230,22 @@ def check_model_backend(entry: ModelEntry, backend_name: str, settings: CompileS
         read_model_file(entry.model).check_batch(settings.batch)
 
 
-def check_triton_export(backend_name: str, batch: tuple[int, int, int], repository: Path, model: str) -> None:
+def check_triton_export(
+    backend_name: str, batch: tuple[int, int, int], repository: Path, model: str, spec: PreprocessSpec
+) -> None:
     """Whether ``--triton-repository`` can be written for this compile (an onnx engine, a folder it may
-    write, DALI installed), before any work."""
+    write, DALI installed, a preprocessing DALI reproduces), before any work."""
     from compile.triton_repository import check_exportable, check_repository
-    from preprocessing.dali_backend import dali_problem
+    from preprocessing.dali_backend import dali_problem, spec_problem
 
     check_exportable(backend_name, batch)
     check_repository(repository, model)
     problem = dali_problem()
     if problem:
         raise BackendUnavailable(f"--triton-repository writes a DALI preprocessing model: {problem}")
+    unsupported = spec_problem(spec)
+    if unsupported:
+        raise SettingsError("--triton-repository", str(repository), f"--triton-repository: {unsupported}", "")
 
 
 def engine_cache_key(

@@ -84,7 +84,7 @@ class DeviceDecodePreprocessor(Preprocessor):
 
     @abstractmethod
     def decode_on_device(self, items: Sequence[DeviceItem]) -> torch.Tensor:
-        """``len(items) x 3 x crop x crop`` normalized float32 on ``self.device``.
+        """``len(items) x 3 x height x width`` (``spec.input_size``) normalized float32 on ``self.device``.
 
         May raise for the whole call when any item is bad (the caller isolates the culprits), or
         ``DeviceItemsFailed`` naming them when the decoder reports failures per item.
@@ -138,7 +138,8 @@ class DeviceDecodePreprocessor(Preprocessor):
             return None
         plan = plan_crop(probe.width, probe.height, self.spec)
         width, height = plan.resized
-        if width * height > _defaults.MAX_RESIZED_AREA_FACTOR * self.spec.resize_size**2:
+        # resize_target, not resize_size: that is 0 for the box modes (exact, cover, contain).
+        if width * height > _defaults.MAX_RESIZED_AREA_FACTOR * self.spec.resize_target**2:
             return None  # a long strip: Pillow resamples only the crop region (a device resize would not)
         return DeviceItem(index, data, probe, plan)
 
@@ -185,8 +186,8 @@ class DeviceDecodePreprocessor(Preprocessor):
         if len(pieces) == 1 and pieces[0][0] == ok:
             return PreparedBatch(pieces[0][1], errors)
         position = {index: row for row, index in enumerate(ok)}
-        size = self.spec.crop_size
-        out = torch.empty((len(ok), 3, size, size), dtype=torch.float32, device=self.device)
+        height, width = self.spec.input_size
+        out = torch.empty((len(ok), 3, height, width), dtype=torch.float32, device=self.device)
         for indices, rows in pieces:
             out[torch.tensor([position[i] for i in indices], device=self.device)] = rows
         return PreparedBatch(out, errors)

@@ -127,14 +127,21 @@ def stored_box(
     return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
 
 
-def stored_resize_and_crop(plan: CropPlan, orientation: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """``plan`` (made for the displayed image) for the stored, not yet EXIF-rotated one:
-    ``((width, height), (left, top))`` to resize the stored image to and to cut ``plan.inner`` at;
-    ``orient`` turns the cut upright, with the same pixels as resizing and cropping the displayed image."""
-    width, height = plan.resized
-    left, top, _, _ = stored_box(plan.inner, orientation, width, height)
-    size = (height, width) if orientation in TRANSPOSING_ORIENTATIONS else (width, height)
-    return size, (round(left), round(top))
+def stored_plan(plan: CropPlan, orientation: int, width: int, height: int) -> CropPlan:
+    """``plan`` (made for the displayed ``width x height`` image) for the stored, not yet EXIF-rotated
+    one: the same pixels, in the stored image's coordinates. Resize the stored image to its
+    ``resized`` (sides swapped where ``orientation`` transposes), cut its ``box`` (padding where it
+    reaches past), and ``orient`` turns the cut upright, equal to cutting the displayed image.
+
+    Its ``output_size`` is the displayed one's, swapped where the orientation transposes: with a
+    non-square crop the rows of one batch then differ in shape until they are turned upright."""
+    resized_width, resized_height = plan.resized
+    box = tuple(int(v) for v in stored_box(plan.box, orientation, resized_width, resized_height))
+    inner = tuple(int(v) for v in stored_box(plan.inner, orientation, resized_width, resized_height))
+    source_box = stored_box(plan.source_box, orientation, width, height)
+    if orientation in TRANSPOSING_ORIENTATIONS:
+        resized_width, resized_height = resized_height, resized_width
+    return CropPlan((resized_width, resized_height), box, source_box, inner)  # type: ignore[arg-type]
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -157,15 +164,16 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return image
 
 
-def orient_rows(rows: torch.Tensor, orientations: Sequence[int]) -> torch.Tensor:
-    """An N x C x H x W batch of crops (square where any orientation transposes) with row ``i`` turned
-    upright under ``orientations[i]``.
+def orient_rows(rows: torch.Tensor | Sequence[torch.Tensor], orientations: Sequence[int]) -> torch.Tensor:
+    """Crops (C x H x W each, an N x C x H x W batch or a list) with row ``i`` turned upright under
+    ``orientations[i]``, stacked. Rows may differ in shape before (a non-square crop of a transposing
+    orientation is stored sideways) but must agree after.
 
     A new tensor, never an in-place write: a transposed crop is a view of the row it came from, and
     writing it back onto that row overlaps (torch refuses it), which once sent every orientation-5
     photo of the DALI backend to the Pillow fallback.
     """
-    if all(orientation == 1 for orientation in orientations):
+    if isinstance(rows, torch.Tensor) and all(orientation == 1 for orientation in orientations):
         return rows
     return torch.stack([orient(row, orientation) for row, orientation in zip(rows, orientations, strict=True)])
 

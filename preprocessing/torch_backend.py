@@ -1,8 +1,12 @@
 """torchvision + torch: decode JPEGs with ``torchvision.io.decode_jpeg`` (nvJPEG on a GPU, batched),
-resize (antialiased), crop and normalize with torch ops on the device. No dependency beyond torch.
+then every step of the ``PreprocessSpec`` with torch ops on the device: the resize of its mode
+(``F.interpolate``, antialiased unless the spec says not), the crop window, ``pad_fill`` where the
+window reaches past the image, and the values (``Normalizer.nchw``: channel order, rescale, normalize).
+No dependency beyond torch.
 
-It runs on the CPU too (libjpeg-turbo decode), which keeps it tested where no GPU is; ``auto``
-only picks it on a GPU.
+Each image is turned upright (EXIF) before it is resized, so every crop has the model input's shape
+whatever its orientation. It runs on the CPU too (libjpeg-turbo decode), which keeps it tested where
+no GPU is; ``auto`` only picks it on a GPU.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ class TorchPreprocessor(DeviceDecodePreprocessor):
         return self.normalize.nchw(torch.stack(crops))
 
     def _resize_crop(self, image: torch.Tensor, plan: CropPlan) -> torch.Tensor:
-        """Upright uint8 CHW -> float CHW crop of 0..255 values, with the probe's geometry (the decoder
-        does not rotate, ``orient`` does, so the image has the probe's displayed size)."""
+        """Upright uint8 CHW -> float CHW model-input window of 0..255 values, with the probe's
+        geometry (the decoder does not rotate, ``orient`` does, so the image has the probe's
+        displayed size)."""
         width, height = plan.resized
         mode = self.spec.interpolation
         resized = F.interpolate(
@@ -50,9 +55,18 @@ class TorchPreprocessor(DeviceDecodePreprocessor):
             size=(height, width),
             # nearest-exact samples pixel centres, as Pillow does; plain nearest floors.
             mode="nearest-exact" if mode == "nearest" else mode,
-            antialias=mode != "nearest",
+            # Off: plain interpolation, the pixels of geometry.interpolate_crop (the Pillow path's).
+            antialias=self.spec.antialias and mode != "nearest",
             align_corners=None if mode == "nearest" else False,
         )
-        left, top, right, bottom = plan.box
+        left, top, right, bottom = plan.inner
         # Bicubic overshoots at edges; Pillow clamps to the 0..255 range, so do we.
-        return resized[0, :, top:bottom, left:right].clamp_(0.0, 255.0)
+        window = resized[0, :, top:bottom, left:right].clamp_(0.0, 255.0)
+        if not plan.pads:
+            return window
+        out_width, out_height = plan.output_size
+        fill = torch.tensor(self.spec.pad_fill, dtype=window.dtype, device=window.device)
+        canvas = fill.view(3, 1, 1).repeat(1, out_height, out_width)
+        x, y = plan.inner_offset
+        canvas[:, y : y + window.shape[1], x : x + window.shape[2]] = window
+        return canvas

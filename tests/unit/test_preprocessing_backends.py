@@ -19,7 +19,7 @@ from compile.catalog import get_model_entry
 from compile.weights import load_model
 from preprocessing import PreprocessSpec, create_preprocessor, resolve_preprocess_backend
 from preprocessing.device_base import DeviceDecodePreprocessor
-from preprocessing.geometry import orient, plan_crop, stored_resize_and_crop
+from preprocessing.geometry import orient, plan_crop, stored_plan
 from preprocessing.probe import probe_image
 from preprocessing.registry import backend_problem
 from tests.conftest import CAT_LABELS, encode, sample_array
@@ -35,8 +35,8 @@ ONE_LEVEL = 1.0 / (255.0 * min(RESNET.std))
 # On the CPU every backend decodes with libjpeg-turbo, like Pillow; only resampling differs.
 # Bilinear: rounding only, at most one level anywhere (measured: 0.0175 dali, 0.0173 torch).
 CPU_TOLERANCE = {"max": ONE_LEVEL + 1e-4, "mean": 0.01}
-# Bicubic: torch and DALI use the cubic coefficient a=-0.75, Pillow a=-0.5, which differ at sharp
-# edges (measured max 0.103, 6 levels; mean 0.005).
+# Bicubic: torch's and DALI's antialiased cubic differ from Pillow's at sharp edges (measured max
+# 0.103, 6 levels; mean 0.005).
 CPU_BICUBIC_TOLERANCE = {"max": 8 * ONE_LEVEL, "mean": 0.01}
 # Nearest: identical pixels, except where a sample point falls exactly between two source pixels
 # and the tie goes the other way (measured: a few pixels, max 2.6, mean <= 0.008). Only the mean
@@ -108,7 +108,7 @@ def test_parity_with_pil_on_photos(name: str, device: str, spec: PreprocessSpec)
     batch = preprocessor(name, device, spec)(images)
     reference = preprocessor("pil", "cpu", spec)(images)
     assert statuses(batch) == [200] * len(images)
-    assert batch.images.shape == (len(images), 3, spec.crop_size, spec.crop_size)
+    assert batch.images.shape == (len(images), 3, *spec.input_size)
     assert batch.images.dtype == torch.float32 and batch.images.device.type == device
     assert_close_to_pil(batch.images, reference.images, device, spec)
     after = preprocessor(name, device, spec).counts
@@ -275,28 +275,66 @@ def with_raw_orientation(jpeg_upright: Image.Image, tag_type: int, value: bytes)
     return encode(jpeg_upright, quality=95, exif=b"Exif\0\0" + tiff)
 
 
+STORED_PLAN_SPECS = {
+    "square-crop": RESNET,
+    "non-square-crop": PreprocessSpec(
+        0,
+        0,
+        RESNET.mean,
+        RESNET.std,
+        resize_mode="cover",
+        resize_height=240,
+        resize_width=300,
+        crop_height=224,
+        crop_width=280,
+    ),
+    "padded": PreprocessSpec(
+        0, 224, RESNET.mean, RESNET.std, resize_mode="contain", resize_height=224, resize_width=224
+    ),
+    "no-crop": PreprocessSpec(0, 0, RESNET.mean, RESNET.std, resize_mode="exact", resize_height=200, resize_width=260),
+}
+
+
+@pytest.mark.parametrize("spec_name", STORED_PLAN_SPECS)
 @pytest.mark.parametrize("orientation", range(1, 9))
-def test_cropping_the_stored_image_then_orienting_equals_cropping_the_displayed_one(orientation: int) -> None:
-    """The geometry the cvcuda backend uses (it runs only on a GPU), checked with torch ops: resize the
-    stored image and crop where ``stored_resize_and_crop`` says, orient the crop, and get the
-    displayed image's resize + center crop."""
+def test_cropping_the_stored_image_then_orienting_equals_cropping_the_displayed_one(
+    orientation: int, spec_name: str
+) -> None:
+    """The geometry the dali and cvcuda backends use (cvcuda runs only on a GPU), checked with torch
+    ops: resize the stored image to ``stored_plan``'s size, cut its window (padding past the image),
+    orient the cut, and get the displayed image's resize + crop."""
+    spec = STORED_PLAN_SPECS[spec_name]
     # 450x281 resizes to 371x232: an odd margin, so a crop box mapped to the wrong side shows.
     displayed = torch.from_numpy(sample_array("chelsea")[:281, :450].copy()).permute(2, 0, 1).float()
     undo = {6: 8, 8: 6}.get(orientation, orientation)  # the others are their own inverse
     stored = orient(displayed, undo)
     assert torch.equal(orient(stored, orientation), displayed)
-    plan = plan_crop(displayed.shape[2], displayed.shape[1], RESNET)
-    crop = RESNET.crop_size
+    width, height = displayed.shape[2], displayed.shape[1]
+    plan = plan_crop(width, height, spec)
 
-    def resize(image: torch.Tensor, width: int, height: int) -> torch.Tensor:
-        return torch.nn.functional.interpolate(image[None], size=(height, width), mode="bilinear", antialias=True)[0]
+    def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        return torch.nn.functional.interpolate(image[None], size=size[::-1], mode="bilinear", antialias=True)[0]
 
-    left, top, right, bottom = plan.box
-    expected = resize(displayed, *plan.resized)[:, top:bottom, left:right]
-    (width, height), (x, y) = stored_resize_and_crop(plan, orientation)
-    got = orient(resize(stored, width, height)[:, y : y + crop, x : x + crop], orientation)
-    assert got.shape == expected.shape == (3, crop, crop)
+    def window(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
+        left, top, right, bottom = box
+        canvas = torch.full((3, bottom - top, right - left), -1.0)  # -1: no pixel has it
+        x0, y0 = max(left, 0), max(top, 0)
+        x1, y1 = min(right, image.shape[2]), min(bottom, image.shape[1])
+        canvas[:, y0 - top : y1 - top, x0 - left : x1 - left] = image[:, y0:y1, x0:x1]
+        return canvas
+
+    expected = window(resize(displayed, plan.resized), plan.box)
+    stored_at = stored_plan(plan, orientation, width, height)
+    cut = window(resize(stored, stored_at.resized), stored_at.box)
+    assert cut.shape[1:] == stored_at.output_size[::-1]
+    got = orient(cut, orientation)
+    assert got.shape == expected.shape == (3, *spec.input_size)
     assert torch.allclose(got, expected, atol=1e-2)  # float rounding of the resampling: ~2e-3 of 255
+    # The source region, mapped the same way, is where the stored image holds the window's pixels.
+    left, top, right, bottom = stored_at.source_box
+    region = orient(stored[:, round(top) : round(bottom), round(left) : round(right)], orientation)
+    sl, st, sr, sb = (round(v) for v in plan.source_box)
+    assert torch.equal(region, displayed[:, st:sb, sl:sr])
 
 
 @pytest.mark.parametrize(("name", "device"), DEVICE_BACKENDS)
