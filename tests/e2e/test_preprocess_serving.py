@@ -94,7 +94,9 @@ def test_a_preprocessing_set_by_flags_is_shown_and_served_at_its_input_size(tmp_
     from service.worker.engine import load_eager
 
     request = ModelRequest("efficientnet-lite0", **FLAGS)
-    spec = resolve_model(request).preprocess
+    own = get_model_entry("efficientnet-lite0").preprocess
+    spec = PreprocessSpec(0, 0, own.mean, own.std, "bicubic", "exact", 240, 200, antialias=False)
+    assert resolve_model(request).preprocess == spec
     flags = [part for name, value in FLAGS.items() for part in (f"--{name.replace('_', '-')}", value)]
     args = ["--model", "efficientnet-lite0", "--device", "cpu", "--preprocess", "pil", *flags]
     chelsea = encode(sample_array("chelsea"), quality=90)
