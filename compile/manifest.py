@@ -91,11 +91,11 @@ class Manifest:
         if missing:
             raise ManifestError(f"Manifest lacks {', '.join(missing)}. Recompile the artifact with compile-trt.")
         values = {name: data[name] for name in names if name in data}
-        try:
-            values["preprocess"] = PreprocessSpec.from_dict(values["preprocess"])
-            values["labels"] = tuple(values["labels"])
-        except (TypeError, ValueError) as exc:
-            raise ManifestError(f"Manifest has an invalid preprocess or labels entry ({exc}). Recompile it.") from None
+        values["preprocess"] = read_preprocess(values["preprocess"])
+        labels = values["labels"]
+        if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+            raise ManifestError("Manifest has an invalid labels entry (not a list of names). Recompile it.")
+        values["labels"] = tuple(labels)
         if values.get("activation", _defaults.MODEL_ACTIVATION) not in _defaults.ACTIVATIONS:
             raise ManifestError(
                 f"Manifest activation {values['activation']!r} is not one of {', '.join(_defaults.ACTIVATIONS)}."
@@ -104,6 +104,20 @@ class Manifest:
         if not isinstance(engine_file, str) or Path(engine_file).name != engine_file or engine_file in ("", ".", ".."):
             raise ManifestError(f"Manifest engine_file {engine_file!r} must be a file name inside the artifact.")
         return cls(**values)
+
+
+def read_preprocess(entry: object) -> PreprocessSpec:
+    """The manifest's ``preprocess``: every field of PreprocessSpec.to_dict, or the five a manifest written
+    before the others existed holds (resize_size, crop_size, mean, std, interpolation), which keep their
+    meaning (a shorter-side resize and a square crop). Anything else is from another format."""
+    try:
+        if not isinstance(entry, dict):
+            raise TypeError(f"a JSON {type(entry).__name__}, not an object")
+        return PreprocessSpec.from_dict(entry)
+    except (TypeError, ValueError) as exc:
+        raise ManifestError(
+            f"Manifest has an invalid preprocess entry ({exc}). Recompile the artifact with this version's compile-trt."
+        ) from None
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> Path:

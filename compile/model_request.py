@@ -7,31 +7,45 @@ itself says is resolved in compile/model_source.py.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass
 
 from compile import _defaults
+from compile.preprocess_flags import (
+    PREPROCESS_FIELDS,
+    PreprocessFlags,
+    parse_preprocess_flags,
+    parse_triplet,
+)
 from compile.settings_errors import SettingsError
-from preprocessing.spec import SUPPORTED_INTERPOLATIONS
 
-# The preprocessing flags, by field name; a model file needs all of these (interpolation may be left out).
-PREPROCESS_FLAGS = ("resize_size", "crop_size", "mean", "std")
+__all__ = ["PREPROCESS_FIELDS", "ModelRequest", "check_model_flags", "parse_triplet"]
 
 
 @dataclass(frozen=True)
 class ModelRequest:
-    """The model flags shared by compile-trt, vision-serve and vision-tune, as given (empty or 0: not
-    given). Their settings extend it, so each flag is declared here once."""
+    """The model flags shared by compile-trt, vision-serve and vision-tune, as given (empty: not given,
+    the model's own). Their settings extend it, so each flag is declared here once. The preprocessing
+    fields are text, parsed by compile/preprocess_flags.py: a size is ``N`` or ``HxW``, a switch ``on``
+    or ``off``; numbers given in code (``crop_size=224``) are taken as their text."""
 
     model: str = _defaults.DEFAULT_MODEL
     labels: str = ""  # a labels file, "imagenet", or empty: the model's own
     name: str = ""  # the served name; empty: derived from the model
-    resize_size: int = 0
-    crop_size: int = 0
+    # The preprocessing (PREPROCESS_FIELDS, in the order its steps run), each the model's own unless given.
+    resize_size: str = ""  # N: the shorter side; HxW: a box (height x width)
+    resize_mode: str = ""  # shorter, exact, cover, contain
+    crop_size: str = ""  # N: a square; HxW; none: no crop (exact resize only)
+    crop_pct: str = ""  # the resize from the crop: floor(crop / crop_pct) per side
+    crop_rounding: str = ""  # round, floor
+    pad_fill: str = ""  # "R,G,B" in 0..255
+    interpolation: str = ""
+    antialias: str = ""  # on, off
+    rescale_factor: str = ""  # a number or 1/N
+    normalize: str = ""  # on, off
+    channel_order: str = ""  # RGB, BGR
     mean: str = ""  # "R,G,B" in 0..1
     std: str = ""
-    interpolation: str = ""
 
     @classmethod
     def from_settings(cls, settings: object) -> ModelRequest:
@@ -39,20 +53,9 @@ class ModelRequest:
         return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
 
     @property
-    def preprocess_overrides(self) -> dict[str, object]:
-        """The preprocessing flags that were given, parsed."""
-        given: dict[str, object] = {}
-        if self.resize_size:
-            given["resize_size"] = self.resize_size
-        if self.crop_size:
-            given["crop_size"] = self.crop_size
-        if self.mean:
-            given["mean"] = parse_triplet("--mean", self.mean)
-        if self.std:
-            given["std"] = parse_triplet("--std", self.std)
-        if self.interpolation:
-            given["interpolation"] = self.interpolation
-        return given
+    def preprocess_flags(self) -> PreprocessFlags:
+        """The preprocessing flags that were given, parsed (``SettingsError`` for a value refused)."""
+        return parse_preprocess_flags(self)
 
 
 def check_model_flags(request: ModelRequest) -> None:
@@ -65,37 +68,4 @@ def check_model_flags(request: ModelRequest) -> None:
             "or digit (it appears in URLs, metric labels and folder names).",
             "Leave --name out to serve under the model's own name.",
         )
-    for field_name in ("resize_size", "crop_size"):
-        flag_name = "--" + field_name.replace("_", "-")
-        if getattr(request, field_name) < 0:
-            raise SettingsError.must(
-                flag_name,
-                getattr(request, field_name),
-                "be > 0 (or left out)",
-                f"Give the {field_name.split('_')[0]} size the model was trained with, in pixels (e.g. "
-                f"{256 if field_name == 'resize_size' else 224}), or leave it out.",
-            )
-    if request.interpolation and request.interpolation not in SUPPORTED_INTERPOLATIONS:
-        raise SettingsError.must(
-            "--interpolation",
-            request.interpolation,
-            f"be one of {', '.join(SUPPORTED_INTERPOLATIONS)}",
-            "Use the one the model was trained with (bilinear for most), or leave it out.",
-        )
-    request.preprocess_overrides  # noqa: B018 - parses --mean and --std
-
-
-def parse_triplet(flag_name: str, text: str) -> tuple[float, float, float]:
-    """``"0.485,0.456,0.406"`` -> a float per RGB channel."""
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise SettingsError(
-            flag_name,
-            text,
-            f"{flag_name} takes three numbers R,G,B (on 0..1 pixel values), e.g. 0.485,0.456,0.406; got {text!r}.",
-            "Give the values the model was trained with, or leave the flag out for the model's own.",
-        )
-    return values  # type: ignore[return-value]
+    parse_preprocess_flags(request)

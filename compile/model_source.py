@@ -29,11 +29,11 @@ from compile import _defaults
 from compile.catalog import ModelEntry, get_model_entry, imagenet_labels
 from compile.labels import IMAGENET_LABELS_KEYWORD, read_labels
 from compile.model_files import ModelFileFacts, model_file_format, read_model_file
-from compile.model_request import PREPROCESS_FLAGS, ModelRequest, check_model_flags
+from compile.model_request import ModelRequest, check_model_flags
+from compile.preprocess_flags import PreprocessFlags, preprocess_spec
 from compile.pretrained_folders import FOLDER_FAMILIES, folder_entry, folder_kind
 from compile.settings_errors import SettingsError
 from compile.timm_support import create_timm_model, import_timm, served_name_of, timm_preprocess
-from preprocessing.spec import PreprocessSpec
 
 
 def model_kind(model: str) -> str:
@@ -47,6 +47,7 @@ def model_kind(model: str) -> str:
 def resolve_model(request: ModelRequest) -> ModelEntry:
     """The ``ModelEntry`` of ``request``; raises ``ValueError`` (or a subclass) naming the fix."""
     check_model_flags(request)
+    flags = request.preprocess_flags
     kind = model_kind(request.model)
     facts: ModelFileFacts | None = None
     if kind == "catalog":
@@ -54,8 +55,9 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
     elif kind == "timm":
         entry = timm_entry(request.model[len(_defaults.TIMM_PREFIX) :])
     elif kind in FOLDER_FAMILIES:
-        overridden = all(getattr(request, f) for f in (*PREPROCESS_FLAGS, "interpolation"))
-        entry = folder_entry(request.model, kind, overridden)
+        # Flags that make the whole spec (interpolation too: nothing says the folder's is bilinear) stand in
+        # for a processor that cannot be reproduced.
+        entry = folder_entry(request.model, kind, not flags.missing(interpolation=True))
     else:
         facts = read_model_file(request.model)
         entry = file_entry(request, facts)
@@ -70,18 +72,8 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
             "labels, one per line in output order.",
             f"Give --labels FILE, or --labels {IMAGENET_LABELS_KEYWORD} if they are ImageNet's 1,000.",
         )
-    overrides = request.preprocess_overrides
-    if overrides:
-        try:
-            entry = dataclasses.replace(entry, preprocess=dataclasses.replace(entry.preprocess, **overrides))
-        except ValueError as exc:  # PreprocessSpec's own check (preprocessing/ knows no flags)
-            given = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in overrides.items())
-            raise SettingsError(
-                ", ".join(f"--{name.replace('_', '-')}" for name in overrides),
-                given,
-                f"The preprocessing flags do not fit together ({given}): {exc}",
-                "Give the resize and crop sizes the model was trained with.",
-            ) from None
+    if flags.any and facts is None:  # a model file's spec is the flags' already
+        entry = dataclasses.replace(entry, preprocess=preprocess_spec(flags, entry.preprocess))
     if facts is not None:
         facts.check_crop(entry.preprocess.crop_size)
         if facts.classes != entry.num_classes:
@@ -106,31 +98,24 @@ def labels_from(labels: str) -> tuple[tuple[str, ...], str]:
 
 
 def file_entry(request: ModelRequest, facts: ModelFileFacts) -> ModelEntry:
-    """A model file's entry: preprocessing from the flags (all of them given), labels still to come."""
-    missing = [f for f in PREPROCESS_FLAGS if not getattr(request, f)]
+    """A model file's entry: preprocessing from the flags (all it needs given), labels still to come."""
+    flags: PreprocessFlags = request.preprocess_flags
+    missing = flags.missing()
     if missing:
-        flags = " ".join(f"--{f.replace('_', '-')}" for f in missing)
+        listed = " ".join(missing)
         raise SettingsError(
-            flags.replace(" ", ", "),
+            ", ".join(missing),
             None,
             f"--model {request.model} is a model file made elsewhere, and vision-serve does not assume ImageNet's "
-            f"preprocessing: {flags} missing.",
+            f"preprocessing: {listed} missing.",
             "Give the preprocessing it was trained with, e.g. --resize-size 256 --crop-size 224 --mean "
-            "0.485,0.456,0.406 --std 0.229,0.224,0.225 --interpolation bilinear.",
+            "0.485,0.456,0.406 --std 0.229,0.224,0.225 --interpolation bilinear (docs/configuration.md"
+            "#preprocessing-flags).",
         )
-    overrides = request.preprocess_overrides
-    interpolation = str(overrides.get("interpolation", "bilinear"))
-    preprocess = PreprocessSpec(
-        resize_size=int(overrides["resize_size"]),  # type: ignore[arg-type]
-        crop_size=int(overrides["crop_size"]),  # type: ignore[arg-type]
-        mean=overrides["mean"],  # type: ignore[arg-type]
-        std=overrides["std"],  # type: ignore[arg-type]
-        interpolation=interpolation,
-    )
     return ModelEntry(
         name=served_name_of(facts.path.stem),
         family=facts.format,
-        preprocess=preprocess,
+        preprocess=preprocess_spec(flags, None),
         labels=(),
         labels_source="",
         model=str(facts.path),

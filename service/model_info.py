@@ -41,15 +41,24 @@ class ModelInfo:
     # What the workers turn the logits into the answered scores with (softmax, sigmoid, none):
     # --activation, or the model's own (``resolve_activation``).
     activation: str = "softmax"
+    # ``preprocess_spec`` in one line (PreprocessSpec.describe: ``shorter 256, crop 224x224, bilinear``).
+    # Added in place: empty where a plan made before it is read.
+    preprocess_summary: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", tuple(self.labels))  # a list when read back from JSON
 
     def to_dict(self) -> dict:
-        """What /info shows: every field but the labels."""
+        """What /info shows: every field but the labels, the spec's summary right after the spec."""
         described = asdict(self)
         del described["labels"]
         for optional in ("artifact", "sizing"):
             if described[optional] is None:
                 del described[optional]
-        return described
+        summary = described.pop("preprocess_summary")
+        ordered: dict = {}
+        for key, value in described.items():
+            ordered[key] = value
+            if key == "preprocess_spec":
+                ordered["preprocess_summary"] = summary
+        return ordered

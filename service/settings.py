@@ -23,6 +23,7 @@ else:  # pragma: no cover - Python 3.10
 from compile._defaults import ACTIVATIONS, LOG_LEVELS
 from compile.cli_flags import check_device_flag, flag
 from compile.model_request import ModelRequest, check_model_flags
+from compile.preprocess_flags import NUMBER_FIELDS, SWITCH_FIELDS, SWITCHES, TRIPLET_FIELDS
 from compile.settings_errors import HIDDEN, SettingsError
 from preprocessing._defaults import BACKENDS as PREPROCESS_BACKENDS
 from service import _defaults
@@ -504,6 +505,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, object]:
             # The value of a key that is not known may be a secret under a misspelt name: not kept.
             raise SettingsError(f"config file key {key}", HIDDEN, f"Config file {path}: unknown key {key!r}.", hint)
         kind = FIELD_TYPES[name]
+        value = config_text(name, value)
         if kind is float and type(value) is int:
             value = float(value)
         if type(value) is not kind:
@@ -517,6 +519,19 @@ def read_config_file(path: str | os.PathLike) -> dict[str, object]:
             )
         values[name] = value
     return values
+
+
+def config_text(name: str, value: object) -> object:
+    """A preprocessing key's TOML number, boolean or array as the text its flag takes: ``resize_size = 256``
+    is ``--resize-size 256`` (as before sizes took ``HxW`` too), ``antialias = false`` is ``--antialias off``,
+    ``mean = [0.5, 0.5, 0.5]`` is ``--mean 0.5,0.5,0.5``."""
+    if name in NUMBER_FIELDS and type(value) in (int, float):
+        return str(value)
+    if name in TRIPLET_FIELDS and isinstance(value, list) and all(type(v) in (int, float) for v in value):
+        return ",".join(str(v) for v in value)
+    if name in SWITCH_FIELDS and type(value) is bool:
+        return next(word for word, on in SWITCHES.items() if on is value)
+    return value
 
 
 @dataclass(frozen=True)

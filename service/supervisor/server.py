@@ -259,11 +259,12 @@ def build_server(
     os.environ.update(layout.worker_env)  # spawned workers inherit it (CUDA_VISIBLE_DEVICES for one GPU)
     for plan in plans:
         logger.info(
-            "Model %s version %d: preprocessing %s (%s)",
+            "Model %s version %d: preprocessing %s (%s): %s",
             plan.name,
             plan.version,
             plan.serve_plan.model.preprocess,
             plan.serve_plan.model.preprocess_reason,
+            plan.serve_plan.model.preprocess_summary,
         )
     return VisionLitServer(plans, settings, layout, model)
 

@@ -1,5 +1,6 @@
 """`vision-serve --preprocess NAME` end to end, for every backend that runs here: a real server on
-loopback, efficientnet-lite0, one batch of 8 requests of which 2 are corrupt."""
+loopback, efficientnet-lite0, one batch of 8 requests of which 2 are corrupt; and a preprocessing set by
+the flags (an exact 240x200 resize, no crop), shown by /info and served at that input size."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import torch
 
 from compile.catalog import get_model_entry
+from compile.model_request import ModelRequest
+from compile.model_source import resolve_model
+from preprocessing import create_preprocessor
+from preprocessing.spec import PreprocessSpec
 from service.client.launcher import ServerProcess
 from tests.conftest import CAT_LABELS, encode, inference_workers, sample_array
 from tests.unit.test_preprocessing_backends import corrupt_huffman_table
@@ -72,4 +78,42 @@ def test_info_reports_the_backend(served) -> None:
     metadata = httpx.get(f"{server.url}/info", timeout=10).json()["model"]
     assert metadata["preprocess"] == name
     assert metadata["preprocess_reason"] == "chosen explicitly"
-    assert metadata["preprocess_spec"]["crop_size"] == get_model_entry("efficientnet-lite0").preprocess.crop_size
+    own = get_model_entry("efficientnet-lite0").preprocess
+    assert metadata["preprocess_spec"]["crop_size"] == own.crop_size
+    assert PreprocessSpec.from_dict(metadata["preprocess_spec"]) == own  # every field, as the manifest has them
+    assert metadata["preprocess_summary"] == own.describe() == "shorter 256, crop 224x224, bilinear"
+
+
+# Every part of the model's own preprocessing these change: resize (mode and size), crop, resampling.
+FLAGS = {"resize_size": "240x200", "crop_size": "none", "interpolation": "bicubic", "antialias": "off"}
+
+
+def test_a_preprocessing_set_by_flags_is_shown_and_served_at_its_input_size(tmp_path) -> None:
+    """/info shows the spec the flags made, every field and its summary; /predict answers what the model
+    gives for the 240x200 input that spec makes (the default 224x224 crop would answer otherwise)."""
+    from service.worker.engine import load_eager
+
+    request = ModelRequest("efficientnet-lite0", **FLAGS)
+    own = get_model_entry("efficientnet-lite0").preprocess
+    spec = PreprocessSpec(0, 0, own.mean, own.std, "bicubic", "exact", 240, 200, antialias=False)
+    assert resolve_model(request).preprocess == spec
+    flags = [part for name, value in FLAGS.items() for part in (f"--{name.replace('_', '-')}", value)]
+    args = ["--model", "efficientnet-lite0", "--device", "cpu", "--preprocess", "pil", *flags]
+    chelsea = encode(sample_array("chelsea"), quality=90)
+    with ServerProcess(args, log_path=tmp_path / "server.log") as server:
+        info = httpx.get(f"{server.url}/info", timeout=10).json()
+        answer = httpx.post(f"{server.url}/predict", content=chelsea, timeout=60)
+    assert answer.status_code == 200, answer.text
+    for shown in (info["model"], *info["models"]):
+        assert shown["preprocess_spec"] == spec.to_dict()
+        assert shown["preprocess_summary"] == "exact 240x200, no crop, bicubic, no antialias"
+    # The same image through the same spec and model in this process.
+    batch = create_preprocessor("pil", spec, "cpu", decode_threads=1)([chelsea]).images
+    assert tuple(batch.shape) == (1, 3, 240, 200)
+    with torch.inference_mode():
+        probabilities = torch.softmax(load_eager(request, "imagenet", torch.device("cpu"))(batch)[0], dim=0)
+    top = torch.topk(probabilities, 5)
+    predictions = answer.json()["predictions"]
+    assert [p["index"] for p in predictions] == top.indices.tolist()
+    assert [p["probability"] for p in predictions] == pytest.approx(top.values.tolist(), abs=1e-4)
+    assert predictions[0]["label"] in CAT_LABELS

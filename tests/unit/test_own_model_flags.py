@@ -62,7 +62,8 @@ def test_a_missing_labels_file_says_what_one_is(tmp_path) -> None:
         ({"mean": "0.5,0.5"}, "--mean takes three numbers"),
         ({"std": "a,b,c"}, "--std takes three numbers"),
         ({"interpolation": "lanczos"}, "--interpolation must be one of"),
-        ({"crop_size": -1}, "--crop-size must be > 0"),
+        ({"crop_size": -1}, "--crop-size must be a size in pixels"),
+        ({"resize_size": "256x"}, "--resize-size must be a size in pixels"),
     ],
 )
 def test_model_flags_are_checked_by_both_commands_before_torch(values: dict, expected: str) -> None:
@@ -74,10 +75,9 @@ def test_model_flags_are_checked_by_both_commands_before_torch(values: dict, exp
 def test_model_flags_parse() -> None:
     check_model_flags(ModelRequest("resnet50", name="prod.resnet-50_v2", mean="0.5,0.5,0.5", interpolation="bicubic"))
     assert parse_triplet("--mean", " 0.485, 0.456,0.406") == (0.485, 0.456, 0.406)
-    assert ModelRequest("m", resize_size=256, std="1,1,1").preprocess_overrides == {
-        "resize_size": 256,
-        "std": (1.0,) * 3,
-    }
+    flags = ModelRequest("m", resize_size=256, std="1,1,1").preprocess_flags  # a number from code: its text
+    assert (flags.resize, flags.std, flags.crop, flags.mean) == (256, (1.0,) * 3, None, None)
+    assert flags.texts == {"resize_size": "256", "std": "1,1,1"}
 
 
 @pytest.mark.parametrize(

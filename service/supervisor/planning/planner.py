@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from compile.cli_flags import visible_device
 from compile.devices import emulated_bf16
+from compile.preprocess_flags import PREPROCESS_FIELDS
 from compile.settings_errors import SettingsError
 from service import _defaults
 from service.model_info import ModelInfo, resolve_activation
@@ -61,7 +62,7 @@ def resolve_device(
 
 
 # Flags an artifact's manifest decides (the served name may still be chosen at serving time).
-ARTIFACT_FIXED_FLAGS = ("labels", "resize_size", "crop_size", "mean", "std", "interpolation")
+ARTIFACT_FIXED_FLAGS = ("labels", *PREPROCESS_FIELDS)
 
 
 def apply_artifact(settings: ServeSettings, cuda_count: int) -> tuple[ServeSettings, Manifest]:
@@ -229,6 +230,7 @@ def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: 
         preprocess=preprocess,
         preprocess_reason=reason,
         preprocess_spec=spec.to_dict(),
+        preprocess_summary=spec.describe(),
         labels_source=labels_source,
         device="cpu" if accelerator == "cpu" else ("cuda" if settings.device == "auto" else settings.device),
         max_batch_size=settings.max_batch_size,
