@@ -83,7 +83,7 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
                 "Give the resize and crop sizes the model was trained with.",
             ) from None
     if facts is not None:
-        facts.check_crop(entry.preprocess.crop_size)
+        facts.check_crop(entry.preprocess.input_size)
         if facts.classes != entry.num_classes:
             raise SettingsError(
                 "--labels",

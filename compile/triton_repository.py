@@ -86,13 +86,13 @@ def _dims(values: tuple[int, ...]) -> str:
 
 
 def classifier_config(manifest: Manifest, names: RepositoryModels, io_names: tuple[str, str] = DEFAULT_IO_NAMES) -> str:
-    crop = manifest.preprocess.crop_size
+    height, width = manifest.preprocess.input_size
     return f"""{MARKER}
 name: "{names.classifier}"
 backend: "onnxruntime"
 max_batch_size: {manifest.batch_max}
 input [
-  {{ name: "{io_names[0]}" data_type: TYPE_FP32 dims: {_dims((3, crop, crop))} }}
+  {{ name: "{io_names[0]}" data_type: TYPE_FP32 dims: {_dims((3, height, width))} }}
 ]
 output [
   {{
@@ -113,7 +113,7 @@ dynamic_batching {{
 def preprocess_config(manifest: Manifest, names: RepositoryModels) -> str:
     # allow_ragged_batch: encoded images differ in length, and without it Triton's dynamic batcher
     # only puts requests of one shape in a batch; DALI takes a batch of samples of any lengths.
-    crop = manifest.preprocess.crop_size
+    height, width = manifest.preprocess.input_size
     return f"""{MARKER}
 name: "{names.preprocess}"
 backend: "dali"
@@ -122,7 +122,7 @@ input [
   {{ name: "{TRITON_DALI_INPUT}" data_type: TYPE_UINT8 dims: [ -1 ] allow_ragged_batch: true }}
 ]
 output [
-  {{ name: "{TRITON_DALI_OUTPUT}" data_type: TYPE_FP32 dims: {_dims((3, crop, crop))} }}
+  {{ name: "{TRITON_DALI_OUTPUT}" data_type: TYPE_FP32 dims: {_dims((3, height, width))} }}
 ]
 instance_group [ {{ count: 1 kind: {_kind(manifest.device_type)} }} ]
 dynamic_batching {{
