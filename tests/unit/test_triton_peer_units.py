@@ -189,6 +189,8 @@ EXPRESSIBLE = {
         "rescale_factor": 1 / 127.5,
         "normalize": False,
     },
+    # mean and std are per channel of the model's input: here B, G, R.
+    "bgr-normalized": {"resize_mode": "exact", "resize_height": 48, "resize_width": 64, "channel_order": "BGR"},
     # transformers' floor rounding and a pad fill change nothing where there is no crop to round or pad.
     "floor-without-crop": {
         "resize_mode": "exact",
