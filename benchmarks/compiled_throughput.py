@@ -43,10 +43,12 @@ def timed(engine: Callable, images: torch.Tensor, device: torch.device) -> float
     return time.perf_counter() - started
 
 
-def measure(engines: dict[str, Callable], batches: list[int], crop: int, device: torch.device, repeats: int) -> dict:
+def measure(
+    engines: dict[str, Callable], batches: list[int], input_size: tuple[int, int], device: torch.device, repeats: int
+) -> dict:
     results: dict[str, dict[int, float]] = {name: {} for name in engines}
     for batch in batches:
-        images = torch.randn(batch, 3, crop, crop, device=device).contiguous(memory_format=torch.channels_last)
+        images = torch.randn(batch, 3, *input_size, device=device).contiguous(memory_format=torch.channels_last)
         times: dict[str, list[float]] = {name: [] for name in engines}
         for engine in engines.values():
             for _ in range(2):  # first calls at a new shape set up kernels
@@ -120,7 +122,7 @@ def main() -> None:
             "batch": [manifest.batch_min, manifest.batch_opt, manifest.batch_max],
             "validation": manifest.validation.get("metrics", {}),
         }
-    results = measure(engines, batches, entry.preprocess.crop_size, device, args.repeats)
+    results = measure(engines, batches, entry.preprocess.input_size, device, args.repeats)
     title = f"{entry.name} ({args.weights} weights), model only, on {device}"
     text = report(title, results, "eager-fp32")
     print(text)

@@ -3,7 +3,8 @@
     python -m benchmarks.per_process_classify IMAGE --model resnet152 --weights WEIGHTS.pt
 
 Written the way such a script usually is (torchvision transforms on a full Pillow decode, eager
-fp32, batch 1), so experiment (a) measures the approach rather than a strawman. Prints the top-5
+fp32, batch 1), so experiment (a) measures the approach rather than a strawman; the transforms are
+the model's preprocessing (benchmarks/harness/eval_transform.py), the same pixels as vision-serve's. Prints the top-5
 as JSON on one line.
 """
 
@@ -14,8 +15,8 @@ import json
 
 import torch
 from PIL import Image
-from torchvision import transforms
 
+from benchmarks.harness.eval_transform import eval_transform, upright_rgb
 from compile import get_model_entry, load_model
 
 
@@ -27,17 +28,9 @@ def main() -> None:
     args = parser.parse_args()
     entry = get_model_entry(args.model)
     model = load_model(entry, args.weights).module
-    spec = entry.preprocess
-    transform = transforms.Compose(
-        [
-            transforms.Resize(spec.resize_size),
-            transforms.CenterCrop(spec.crop_size),
-            transforms.ToTensor(),
-            transforms.Normalize(spec.mean, spec.std),
-        ]
-    )
+    transform = eval_transform(entry.preprocess)
     with Image.open(args.image) as image:
-        batch = transform(image.convert("RGB")).unsqueeze(0)
+        batch = transform(upright_rgb(image)).unsqueeze(0)
     with torch.inference_mode():
         probabilities, indices = model(batch).softmax(dim=1).topk(5, dim=1)
     pairs = zip(indices[0].tolist(), probabilities[0].tolist(), strict=True)

@@ -229,7 +229,7 @@ def main() -> None:
     elapsed = time.perf_counter() - started
 
     title = (
-        f"{args.model} preprocessing (resize {spec.resize_size}, crop {spec.crop_size}, {spec.interpolation}) "
+        f"{args.model} preprocessing ({spec.describe()}) "
         f"on {device}, {machine_record(device)['cpus']} CPUs; "
         + ", ".join(f"{size}: median of {n}" for size, n in repeats.items())
     )

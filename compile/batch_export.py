@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 
-def example_batch(size: int, crop_size: int, device: torch.device) -> torch.Tensor:
-    """A float32 channels_last batch shaped like what the server feeds the engine."""
+def example_batch(size: int, input_size: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """A float32 channels_last batch shaped like what the server feeds the engine: ``size`` images of
+    ``input_size`` = (height, width), the preprocessing's ``PreprocessSpec.input_size``."""
+    height, width = input_size
     generator = torch.Generator().manual_seed(0)
-    images = torch.randn(size, 3, crop_size, crop_size, generator=generator)
+    images = torch.randn(size, 3, height, width, generator=generator)
     return images.to(device).contiguous(memory_format=torch.channels_last)
 
 

@@ -371,7 +371,7 @@ def build_and_gate(
     with progress.stage(f"Compiling with {backend.name} ({settings.precision})"):
         model = PrecisionCast(copy.deepcopy(reference), PRECISION_DTYPES[settings.precision]).eval()
         try:
-            backend.build(model, settings, device, entry.preprocess.crop_size, engine_path, calibration)
+            backend.build(model, settings, device, entry.preprocess.input_size, engine_path, calibration)
         except BackendUnavailable:
             raise
         except Exception as exc:

@@ -141,7 +141,7 @@ def evaluation_photos(folder: str) -> list[tuple[str, bytes]]:
 
 def gate_inputs(entry: ModelEntry, photos: list[tuple[str, bytes]], random_count: int, seed: int) -> GateInputs:
     """The photos preprocessed exactly as the server will, followed by seeded random tensors."""
-    crop = entry.preprocess.crop_size
+    height, width = entry.preprocess.input_size
     parts, names = [], []
     if photos:
         prepared = PilPreprocessor(entry.preprocess, "cpu", num_threads=1)([data for _, data in photos])
@@ -156,7 +156,7 @@ def gate_inputs(entry: ModelEntry, photos: list[tuple[str, bytes]], random_count
         parts.append(prepared.images.float().contiguous())
         names.extend(name for name, _ in photos)
     generator = torch.Generator().manual_seed(seed)
-    parts.append(torch.randn(random_count, 3, crop, crop, generator=generator))
+    parts.append(torch.randn(random_count, 3, height, width, generator=generator))
     names.extend(f"random-{i}" for i in range(random_count))
     return GateInputs(torch.cat(parts), names, len(photos))
 

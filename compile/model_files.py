@@ -35,15 +35,21 @@ class ModelFileFacts:
     image_size: tuple[int | None, int | None]  # (H, W); None where the file leaves it dynamic
     batch_range: tuple[int, int | None]  # smallest and largest batch the file accepts (None: unbounded)
 
-    def check_crop(self, crop_size: int) -> None:
-        """Refuse a ``--crop-size`` that differs from a fixed image size of the file."""
-        fixed = [s for s in self.image_size if s is not None]
-        if any(s != crop_size for s in fixed):
-            height, width = self.image_size
-            raise ModelFileError(
-                f"{self.path} takes {height}x{width} images, but --crop-size is {crop_size}. "
-                f"Pass --crop-size {fixed[0]} (the preprocessing crops square images of that size)."
-            )
+    def check_crop(self, input_size: tuple[int, int]) -> None:
+        """Refuse preprocessing whose model input, ``input_size`` = (height, width), differs from a fixed
+        image size of the file (a side the file leaves dynamic takes any size)."""
+        height, width = input_size
+        file_height, file_width = self.image_size
+        if file_height in (None, height) and file_width in (None, width):
+            return
+        # The file's fixed sides, and the preprocessing's where the file takes any.
+        wanted = (file_height or height, file_width or width)
+        flag = str(wanted[0]) if wanted[0] == wanted[1] else f"{wanted[0]}x{wanted[1]}"
+        raise ModelFileError(
+            f"{self.path} takes {_side(file_height)}x{_side(file_width)} images (height x width), but the "
+            f"preprocessing gives {height}x{width} (--crop-size). Pass --crop-size {flag} (HxW: height x width; "
+            "one number for a square)."
+        )
 
     def check_batch(self, batch: tuple[int, int, int]) -> None:
         """Refuse a ``--batch`` range outside what the file's batch dimension accepts."""
@@ -113,6 +119,10 @@ def _check_logits_output(path: Path, name: str, shape: list) -> int:
             "(one row of class scores per image, a fixed number of classes)."
         )
     return shape[1]
+
+
+def _side(size: int | None) -> str:
+    return "any" if size is None else str(size)
 
 
 def _show(shape: list) -> str:

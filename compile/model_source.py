@@ -75,7 +75,7 @@ def resolve_model(request: ModelRequest) -> ModelEntry:
     if flags.any and facts is None:  # a model file's spec is the flags' already
         entry = dataclasses.replace(entry, preprocess=preprocess_spec(flags, entry.preprocess))
     if facts is not None:
-        facts.check_crop(entry.preprocess.crop_size)
+        facts.check_crop(entry.preprocess.input_size)
         if facts.classes != entry.num_classes:
             raise SettingsError(
                 "--labels",

@@ -22,6 +22,7 @@ _EXPORTS = {
     "backend_problem": "preprocessing.registry",
     "create_preprocessor": "preprocessing.registry",
     "resolve_preprocess_backend": "preprocessing.registry",
+    "to_rgb": "preprocessing.pil_backend",
 }
 __all__ = [
     "BACKENDS",
@@ -35,13 +36,14 @@ __all__ = [
     "backend_problem",
     "create_preprocessor",
     "resolve_preprocess_backend",
+    "to_rgb",
 ]
 
 if TYPE_CHECKING:
     from preprocessing._defaults import BACKENDS, DALI_MAX_THREADS
     from preprocessing.base import PreparedBatch, Preprocessor
     from preprocessing.errors import ImageDecodeError, ImageError
-    from preprocessing.pil_backend import PilPreprocessor
+    from preprocessing.pil_backend import PilPreprocessor, to_rgb
     from preprocessing.registry import backend_problem, create_preprocessor, resolve_preprocess_backend
     from preprocessing.spec import PreprocessSpec
 

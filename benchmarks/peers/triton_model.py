@@ -11,11 +11,12 @@ what a Triton Python model for an image classifier does:
 
 * input ``image``: one BYTES element per request (the encoded file). BYTES, not a UINT8 tensor of the
   file's bytes: the dynamic batcher only merges requests of the same shape, and JPEGs differ in length.
-* Pillow decode, ``.convert("RGB")``, then torchvision's ``Resize`` (shorter side, antialiased),
-  ``CenterCrop``, ``ToTensor`` and ``Normalize`` with the model's catalog spec (for ResNet-152,
-  its torchvision weights' own: resize 232, crop 224, ImageNet mean/std, bilinear): the transforms
-  the torchvision weights document, as TorchServe's image handler runs them. The images of a batch
-  are decoded on a thread pool (Pillow releases the GIL).
+* Pillow decode, EXIF orientation and RGB as vision-serve's, then torchvision's ``Resize``
+  (antialiased), ``CenterCrop``, ``ToTensor`` and ``Normalize`` with the model's catalog spec (for
+  ResNet-152, its torchvision weights' own: resize 232, crop 224, ImageNet mean/std, bilinear): the
+  transforms the torchvision weights document, as TorchServe's image handler runs them, built for
+  any spec by benchmarks/harness/eval_transform.py. The images of a batch are decoded on a thread
+  pool (Pillow releases the GIL).
 * The eager fp32 model from the same weights file and loader as vision-serve's eager path
   (``compile.weights.load_model``), channels_last as vision-serve's eager engine, ``inference_mode``.
 * Softmax and top-5 on the batch; outputs ``labels`` (BYTES) and ``probabilities`` (FP32), 5 per image.
@@ -37,27 +38,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 from PIL import Image
-from torchvision import transforms
 
+from benchmarks.harness.eval_transform import eval_transform, upright_rgb
 from compile import ModelEntry, get_model_entry, load_model
-from preprocessing import PreprocessSpec
 
 logger = logging.getLogger("triton_model")
 
 TOP_K = 5
 DEFAULT_MAX_BATCH = 8
-
-
-def eval_transform(spec: PreprocessSpec) -> transforms.Compose:
-    """The catalog's preprocessing as torchvision transforms on a PIL image -> normalized CHW float tensor."""
-    return transforms.Compose(
-        [
-            transforms.Resize(spec.resize_size, interpolation=transforms.InterpolationMode(spec.interpolation)),
-            transforms.CenterCrop(spec.crop_size),
-            transforms.ToTensor(),
-            transforms.Normalize(spec.mean, spec.std),
-        ]
-    )
 
 
 class Classifier:
@@ -72,7 +60,7 @@ class Classifier:
 
     def preprocess(self, data: bytes) -> torch.Tensor:
         with Image.open(io.BytesIO(data)) as image:
-            return self.transform(image.convert("RGB"))
+            return self.transform(upright_rgb(image))
 
     def __call__(self, image: np.ndarray) -> dict[str, np.ndarray]:
         # ``image``: [batch, 1] object array of bytes, the requests the dynamic batcher merged.

@@ -86,12 +86,13 @@ class CompileBackend(ABC):
         model: nn.Module,
         settings: CompileSettings,
         device: torch.device,
-        crop_size: int,
+        input_size: tuple[int, int],
         path: Path,
         calibration: Calibration | None = None,
     ) -> None:
-        """Compile ``model`` (float32 interface, on ``device``, eval mode) into the file ``path``;
-        quantized precisions are calibrated on ``calibration``."""
+        """Compile ``model`` (float32 interface, on ``device``, eval mode) into the file ``path``, for
+        batches of ``input_size`` = (height, width) images (``PreprocessSpec.input_size``, which may be
+        non-square); quantized precisions are calibrated on ``calibration``."""
 
     @abstractmethod
     def load(self, path: Path, manifest: Manifest, device: torch.device) -> EngineCallable:

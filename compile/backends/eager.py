@@ -29,7 +29,7 @@ class EagerBackend(CompileBackend):
         model: nn.Module,
         settings: CompileSettings,
         device: torch.device,
-        crop_size: int,
+        input_size: tuple[int, int],
         path: Path,
         calibration: Calibration | None = None,
     ) -> None:

@@ -54,12 +54,12 @@ class InductorBackend(CompileBackend):
         model: nn.Module,
         settings: CompileSettings,
         device: torch.device,
-        crop_size: int,
+        input_size: tuple[int, int],
         path: Path,
         calibration: Calibration | None = None,
     ) -> None:
         use_exact_fp32(settings.precision, device)  # Triton matmul templates read it at compile time
-        example = example_batch(export_example_size(settings.batch), crop_size, device)
+        example = example_batch(export_example_size(settings.batch), input_size, device)
         if calibration is not None:
             exported = quantize_pt2e(model, example, settings.batch, calibration.method, calibration.batches())
         else:

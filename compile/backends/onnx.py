@@ -254,7 +254,7 @@ class OnnxBackend(CompileBackend):
         model: nn.Module,
         settings: CompileSettings,
         device: torch.device,
-        crop_size: int,
+        input_size: tuple[int, int],
         path: Path,
         calibration: Calibration | None = None,
     ) -> None:
@@ -264,7 +264,7 @@ class OnnxBackend(CompileBackend):
             # An fp32 model first (the user's file, or exported as for fp32), then its QDQ int8 form.
             with tempfile.TemporaryDirectory(prefix="vision-serve-fp32-", dir=path.parent) as scratch:
                 fp32_path = Path(scratch) / self.engine_file
-                self.build(model, settings, device, crop_size, fp32_path)
+                self.build(model, settings, device, input_size, fp32_path)
                 quantize_onnx(fp32_path, path, calibration, needs_reduced_range(device.type))
             return
         if isinstance(source := getattr(model, "model", None), OnnxFileModule):
@@ -274,7 +274,7 @@ class OnnxBackend(CompileBackend):
             onnx.save_model(onnx.load(str(source.path)), str(path), save_as_external_data=False)
             return
         # Exported on the CPU: the graph does not depend on the device, and the file is the same.
-        example = example_batch(export_example_size(settings.batch), crop_size, torch.device("cpu"))
+        example = example_batch(export_example_size(settings.batch), input_size, torch.device("cpu"))
         with torch.no_grad(), quiet_exporter_logs():
             torch.onnx.export(model.cpu(), (example.contiguous(),), str(path), **export_kwargs(settings.batch))
 

@@ -54,10 +54,12 @@ def torch_tensorrt_status() -> tuple[bool, str]:
     return True, "torch_tensorrt imports"
 
 
-def tensorrt_input_spec(batch: tuple[int, int, int], crop_size: int) -> dict[str, Any]:
-    """Keyword arguments of ``torch_tensorrt.Input``: the dynamic batch range of the image input."""
+def tensorrt_input_spec(batch: tuple[int, int, int], input_size: tuple[int, int]) -> dict[str, Any]:
+    """Keyword arguments of ``torch_tensorrt.Input``: the dynamic batch range of the image input, each
+    shape ``(N, 3, height, width)`` for ``input_size`` = (height, width)."""
     low, opt, high = batch
-    shape = (3, crop_size, crop_size)
+    height, width = input_size
+    shape = (3, height, width)
     return {
         "min_shape": (low, *shape),
         "opt_shape": (opt, *shape),
@@ -157,12 +159,12 @@ class TensorRTBackend(CompileBackend):
         model: nn.Module,
         settings: CompileSettings,
         device: torch.device,
-        crop_size: int,
+        input_size: tuple[int, int],
         path: Path,
         calibration: Calibration | None = None,
     ) -> None:
         torch_tensorrt = importlib.import_module("torch_tensorrt")
-        example = example_batch(export_example_size(settings.batch), crop_size, device)
+        example = example_batch(export_example_size(settings.batch), input_size, device)
         export_context: contextlib.AbstractContextManager = contextlib.nullcontext()
         if calibration is not None:
             model = quantize_for_tensorrt(model, settings.precision, calibration.method, calibration.batches(), device)
@@ -171,7 +173,7 @@ class TensorRTBackend(CompileBackend):
             exported = export_dynamic_batch(model, example, settings.batch)
         compiled = torch_tensorrt.dynamo.compile(
             exported,
-            arg_inputs=[torch_tensorrt.Input(**tensorrt_input_spec(settings.batch, crop_size))],
+            arg_inputs=[torch_tensorrt.Input(**tensorrt_input_spec(settings.batch, input_size))],
             **tensorrt_compile_kwargs(settings, device),
         )
         torch_tensorrt.save(compiled, str(path), **tensorrt_save_kwargs(settings.batch, example))

@@ -103,9 +103,9 @@ def load_served_model(settings: ServeSettings, device: torch.device) -> ServedMo
         lone_threads = threads * settings.workers_per_device
         served = with_lone_engine(served, threads, lone_threads, lambda: load_engine(settings, device))
         if served.lone_run is not None:  # warm it too: its own session, or its thread count's kernels
-            crop = served.entry.preprocess.crop_size
+            height, width = served.entry.preprocess.input_size
             with torch.inference_mode():
-                served(torch.zeros(1, 3, crop, crop), alone=True)
+                served(torch.zeros(1, 3, height, width), alone=True)
     return served
 
 

@@ -494,3 +494,16 @@ def test_quantized_table_gives_gate_figures_and_why_an_engine_is_missing() -> No
     units = cpu_units(flags)
     assert units["avx512_vnni"] and units["amx_tile"] and not units["avx512_bf16"] and not units["amx_int8"]
     assert not any(cpu_units("no flags here").values())
+
+
+def test_the_compiled_throughput_benchmark_feeds_each_engine_its_height_by_width_input() -> None:
+    from benchmarks.compiled_throughput import measure
+
+    shapes: list[tuple[int, ...]] = []
+
+    def engine(images: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(images.shape))
+        return images.mean(dim=(2, 3))
+
+    results = measure({"engine": engine}, [1, 2], (48, 64), torch.device("cpu"), repeats=1)
+    assert set(shapes) == {(1, 3, 48, 64), (2, 3, 48, 64)} and set(results["engine"]) == {1, 2}

@@ -35,11 +35,58 @@ CUDA0 = torch.device("cuda:0")
 
 
 def test_tensorrt_input_spec_covers_the_batch_range_without_tensorrt() -> None:
-    spec = tensorrt_input_spec((1, 8, 32), 224)
+    spec = tensorrt_input_spec((1, 8, 32), (224, 224))
     assert spec["min_shape"] == (1, 3, 224, 224)
     assert spec["opt_shape"] == (8, 3, 224, 224)
     assert spec["max_shape"] == (32, 3, 224, 224)
     assert spec["dtype"] is torch.float32 and spec["name"] == "images"
+
+
+def test_tensorrt_input_spec_is_height_by_width_for_a_non_square_input_without_tensorrt() -> None:
+    spec = tensorrt_input_spec((1, 8, 32), (48, 64))  # 48 high, 64 wide: torch_tensorrt.Input's (N, C, H, W)
+    assert (spec["min_shape"], spec["opt_shape"], spec["max_shape"]) == (
+        (1, 3, 48, 64),
+        (8, 3, 48, 64),
+        (32, 3, 48, 64),
+    )
+
+
+def test_tensorrt_build_exports_and_declares_a_non_square_input_mock_seam(tmp_path, monkeypatch) -> None:
+    """TensorRTBackend.build at its seam with torch_tensorrt: a stand-in module (MOCK: TensorRT cannot be
+    installed here) records what build hands it; the export before it is real torch.export on the CPU."""
+    import types
+
+    from compile.backends import tensorrt as tensorrt_backend
+
+    calls: dict = {}
+
+    class Input:
+        def __init__(self, **kwargs) -> None:
+            calls["input"] = kwargs
+
+    def compile_(exported, arg_inputs, **kwargs):
+        calls["exported"], calls["arg_inputs"] = exported, arg_inputs
+        return exported
+
+    def save(compiled, path, **kwargs):
+        calls["save"] = kwargs
+
+    fake = types.ModuleType("torch_tensorrt")
+    fake.Input, fake.dynamo, fake.save = Input, types.SimpleNamespace(compile=compile_), save
+    monkeypatch.setitem(sys.modules, "torch_tensorrt", fake)
+    # The CUDA-only part of the seam: its kwargs refuse a CPU device, and the example batch stays on the CPU.
+    monkeypatch.setattr(tensorrt_backend, "tensorrt_compile_kwargs", lambda settings, device: {"device": device})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    settings = CompileSettings(backend="tensorrt", batch=(1, 4, 8))
+    tensorrt_backend.TensorRTBackend().build(model, settings, torch.device("cpu"), (48, 64), tmp_path / "model.ep")
+
+    assert calls["input"]["min_shape"] == (1, 3, 48, 64) and calls["input"]["max_shape"] == (8, 3, 48, 64)
+    (example,) = calls["save"]["arg_inputs"]
+    assert tuple(example.shape) == (4, 3, 48, 64)
+    exported = calls["exported"]
+    (image,) = [n for n in exported.graph.nodes if n.name in exported.graph_signature.user_inputs]
+    assert list(image.meta["val"].shape[1:]) == [3, 48, 64]  # the program was traced at height x width
 
 
 def test_tensorrt_compile_kwargs_map_settings_without_tensorrt() -> None:
@@ -288,7 +335,7 @@ def test_tensorrt_kwargs_are_parameters_of_the_installed_torch_tensorrt() -> Non
     kwargs = tensorrt_compile_kwargs(CompileSettings(device="cuda"), CUDA0)
     assert set(kwargs) <= set(compile_params) and "arg_inputs" in compile_params
     assert set(tensorrt_save_kwargs((1, 8, 32), torch.zeros(8, 3, 4, 4))) <= set(save_params)
-    torch_tensorrt.Input(**tensorrt_input_spec((1, 8, 32), 224))
+    torch_tensorrt.Input(**tensorrt_input_spec((1, 8, 32), (224, 224)))
 
 
 def test_interrupted_compile_leftovers_are_cleaned_and_the_old_artifact_restored(tmp_path) -> None:

@@ -67,7 +67,7 @@ def small_network() -> nn.Module:
 def export(model: nn.Module, path, precision: str = "fp32", batch=(1, 4, 8)) -> None:
     settings = CompileSettings(backend="onnx", precision=precision, batch=batch)
     cast = PrecisionCast(copy.deepcopy(model), PRECISION_DTYPES[precision])
-    OnnxBackend().build(cast.eval(), settings, torch.device("cpu"), CROP, path)
+    OnnxBackend().build(cast.eval(), settings, torch.device("cpu"), (CROP, CROP), path)
 
 
 @pytest.fixture(scope="module")
@@ -327,3 +327,70 @@ def test_backend_is_registered_under_its_name() -> None:
     backend = get_backend("onnx")
     assert backend.engine_file == "model.onnx" and backend.input_memory_format == torch.contiguous_format
     assert not backend.native_code and "onnxruntime" in backend.extra_versions()
+
+
+# ---- a non-square model input (PreprocessSpec.input_size = (height, width)) -----------------------------
+
+# 48 high, 64 wide: a swapped height and width gives 64x48, which these tests tell apart.
+NON_SQUARE = PreprocessSpec(0, 0, (0.5,) * 3, (0.25,) * 3, resize_mode="exact", resize_height=48, resize_width=64)
+
+
+def onnx_input_dims(path) -> list:
+    import onnx
+
+    (image,) = onnx.load(str(path)).graph.input
+    return [d.dim_value or d.dim_param for d in image.type.tensor_type.shape.dim]
+
+
+def test_a_non_square_input_is_exported_and_run_as_height_by_width(tmp_path) -> None:
+    from compile.model_files import read_model_file
+
+    model, path = small_network(), tmp_path / "model.onnx"
+    settings = CompileSettings(backend="onnx", batch=(1, 4, 8))
+    OnnxBackend().build(
+        PrecisionCast(copy.deepcopy(model), torch.float32).eval(),
+        settings,
+        torch.device("cpu"),
+        NON_SQUARE.input_size,
+        path,
+    )
+    dims = onnx_input_dims(path)
+    assert dims[1:] == [3, 48, 64] and isinstance(dims[0], str)  # the batch stays dynamic
+    assert read_model_file(str(path)).image_size == (48, 64)
+    engine = OnnxBackend().load(path, None, torch.device("cpu"))
+    images = torch.randn(2, 3, 48, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(engine(images), model(images), rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception, match=r"(?i)dimension|shape"):  # ONNX Runtime checks the fixed sides
+        engine(images.transpose(2, 3).contiguous())
+
+
+def test_a_non_square_int8_engine_is_calibrated_on_height_by_width_photos(tmp_path) -> None:
+    from compile.quantization import Calibration
+    from compile.quantization.datasets import ImageFiles, preprocess_files
+    from compile.sample_photos import sample_photo_file
+
+    photos = tuple((name, sample_photo_file(name)) for name in ("chelsea", "coffee", "astronaut", "rocket"))
+    files = ImageFiles("sample photos", photos, len(photos))
+    images = preprocess_files(files, NON_SQUARE, "--calibration")
+    assert images.shape == (4, 3, 48, 64)
+    settings = CompileSettings(backend="onnx", precision="int8", calibration=str(tmp_path), batch=(1, 4, 8))
+    path = tmp_path / "model.onnx"
+    model = small_network()
+    OnnxBackend().build(
+        model, settings, torch.device("cpu"), NON_SQUARE.input_size, path, Calibration(images, "minmax", files)
+    )
+    assert onnx_input_dims(path)[1:] == [3, 48, 64]
+    engine = OnnxBackend().load(path, None, torch.device("cpu"))
+    with torch.no_grad():
+        reference = model(images)
+    logits = engine(images)
+    assert logits.shape == (4, 10) and torch.nn.functional.cosine_similarity(logits, reference).min() > 0.99
+
+
+def test_triton_configs_declare_a_non_square_input_as_height_by_width(tmp_path) -> None:
+    manifest = artifact_manifest(tmp_path, preprocess=NON_SQUARE.to_dict())
+    names = RepositoryModels.for_model(manifest.model)
+    configs = {name: parse_model_config(text) for name, text in repository_configs(manifest).items()}
+    assert list(configs[names.classifier].input[0].dims) == [3, 48, 64]
+    assert list(configs[names.preprocess].output[0].dims) == [3, 48, 64]  # what DALI hands the classifier

@@ -139,6 +139,30 @@ def test_decoded_sets_are_preprocessed_as_served(tmp_path) -> None:
     assert images.min() >= -2.0 and images.max() <= 2.0  # (x - 0.5) / 0.25 on 0..1 pixels
 
 
+NON_SQUARE = PreprocessSpec(0, 0, (0.5,) * 3, (0.25,) * 3, resize_mode="exact", resize_height=48, resize_width=64)
+
+
+def test_a_non_square_model_is_calibrated_and_judged_on_height_by_width_images() -> None:
+    """Calibration and evaluation images are the model's input: 48 high, 64 wide, whatever the photo's
+    shape (an EXIF-rotated one, a wide strip, a tiny one); the copy check works on them too."""
+    from compile.quantization.datasets import ImageFiles
+
+    chelsea = sample_array("chelsea")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways, displayed upright
+    sideways = encode(Image.fromarray(chelsea).transpose(Image.Transpose.ROTATE_90), quality=95, exif=exif)
+    wide = encode(Image.fromarray(sample_array("rocket")).resize((900, 120)))
+    tiny = encode(Image.fromarray(sample_array("coffee")).resize((7, 5)), "PNG")
+    calibration_files = [("sideways.jpg", sideways), ("wide.jpg", wide), ("tiny.png", tiny)]
+    calibration = preprocess_files(ImageFiles("c", tuple(calibration_files), 3), NON_SQUARE, "--calibration")
+    assert calibration.shape == (3, 3, 48, 64)
+    evaluation = preprocess_files(ImageFiles("e", (("chelsea.png", encode(chelsea, "PNG")),), 1), NON_SQUARE, "--eval")
+    # The upright photo and its sideways-stored copy are the same input once the EXIF rotation is applied.
+    with pytest.raises(DatasetError, match=r"chelsea\.png = sideways\.jpg"):
+        check_disjoint(calibration, [n for n, _ in calibration_files], evaluation, ["chelsea.png"])
+    check_disjoint(calibration[1:], ["wide.jpg", "tiny.png"], evaluation, ["chelsea.png"])
+
+
 def test_augmentations_are_seeded_varied_and_keep_the_original_first() -> None:
     photos = [("coffee", encode(sample_array("coffee"), "PNG"))]
     first, second = augmented_photos(photos, 4), augmented_photos(photos, 4)

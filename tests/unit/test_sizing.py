@@ -131,19 +131,51 @@ def test_a_models_cost_is_counted_on_its_architecture_without_weights() -> None:
 
     for name, low, high in (("efficientnet-lite0", 0.3, 0.5), ("resnet152", 11.0, 12.0)):
         entry = get_model_entry(name)
-        cost = measure_cost(entry.family, lambda e=entry: build_architecture(e), None, entry.preprocess.crop_size)
+        cost = measure_cost(entry.family, lambda e=entry: build_architecture(e), None, entry.preprocess.input_size)
         assert cost.gmacs is not None and low < cost.gmacs < high, (name, cost)
-    assert measure_cost("broken", lambda: 1 / 0, None, 224) == ModelCost(None, "its operations could not be counted")
+    assert measure_cost("broken", lambda: 1 / 0, None, (224, 224)) == ModelCost(
+        None, "its operations could not be counted"
+    )
+
+
+def test_a_non_square_models_cost_is_counted_on_a_height_by_width_image() -> None:
+    """timm's ViT takes exactly its img_size (48 high, 64 wide here): counted at (48, 64), refused at
+    the swapped (64, 48), so measure_cost must build its image as (N, 3, height, width)."""
+    timm = pytest.importorskip("timm")
+
+    def vit():
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=(48, 64), num_classes=10)
+
+    cost = measure_cost("timm", vit, None, (48, 64))
+    assert cost.gmacs is not None and 0.05 < cost.gmacs < 0.1, cost  # 12 patches of 16x16 (196 at 224x224)
+    assert measure_cost("timm", vit, None, (64, 48)).gmacs is None
+
+
+def test_the_planner_counts_the_cost_on_the_models_input_size() -> None:
+    import dataclasses
+
+    from compile.catalog import get_model_entry
+    from compile.weights import build_architecture
+    from preprocessing.spec import PreprocessSpec
+    from service.supervisor.planning.planner import model_cost
+
+    spec = PreprocessSpec(0, 0, (0.5,) * 3, (0.25,) * 3, resize_mode="exact", resize_height=48, resize_width=64)
+    entry = dataclasses.replace(get_model_entry("mobilenet_v3_small"), preprocess=spec)
+    cost = model_cost(entry, None, "")
+    assert cost == measure_cost(entry.family, lambda: build_architecture(entry), None, (48, 64))
+    # Both sides count: a 48x48 or a 224x224 image costs another amount.
+    assert cost.gmacs != measure_cost(entry.family, lambda: build_architecture(entry), None, (48, 48)).gmacs
+    assert cost.gmacs < measure_cost(entry.family, lambda: build_architecture(entry), None, (224, 224)).gmacs
 
 
 def test_a_model_files_cost_is_estimated_from_its_size(tmp_path) -> None:
     model = tmp_path / "model.onnx"
     with model.open("wb") as file:
         file.truncate(40 * 1024 * 1024)  # 10 M fp32 parameters
-    cost = measure_cost("onnx", None, model, 224)
+    cost = measure_cost("onnx", None, model, (224, 224))
     assert cost.gmacs == pytest.approx(10.49 * _defaults.GMACS_PER_MILLION_PARAMETERS, rel=0.01)
     assert "40 MiB" in cost.how and not cost.small
-    assert measure_cost("onnx", None, tmp_path / "absent.onnx", 224).gmacs is None
+    assert measure_cost("onnx", None, tmp_path / "absent.onnx", (224, 224)).gmacs is None
 
 
 # --- the plan carries the choice -----------------------------------------------------------------

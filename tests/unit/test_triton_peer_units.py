@@ -158,6 +158,113 @@ def test_the_callable_classifies_a_cat_and_preprocesses_as_vision_serve() -> Non
     assert eval_transform(entry.preprocess).transforms[0].size == entry.preprocess.resize_size
 
 
+# ---- the peers' torchvision transforms for any spec (benchmarks/harness/eval_transform.py) -------------
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _spec(**fields):
+    from preprocessing.spec import PreprocessSpec
+
+    return PreprocessSpec(**{"resize_size": 0, "crop_size": 0, "mean": MEAN, "std": STD, **fields})
+
+
+EXPRESSIBLE = {
+    "shorter-bilinear": {"resize_size": 64, "crop_size": 56},
+    "shorter-bicubic-wide-crop": {"resize_size": 64, "crop_height": 48, "crop_width": 60, "interpolation": "bicubic"},
+    "exact-non-square": {"resize_mode": "exact", "resize_height": 48, "resize_width": 64},
+    "exact-then-crop": {
+        "resize_mode": "exact",
+        "resize_height": 60,
+        "resize_width": 80,
+        "crop_height": 48,
+        "crop_width": 64,
+        "interpolation": "nearest",
+    },
+    "bgr-rescaled-unnormalized": {
+        "resize_mode": "exact",
+        "resize_height": 48,
+        "resize_width": 64,
+        "channel_order": "BGR",
+        "rescale_factor": 1 / 127.5,
+        "normalize": False,
+    },
+    # mean and std are per channel of the model's input: here B, G, R.
+    "bgr-normalized": {"resize_mode": "exact", "resize_height": 48, "resize_width": 64, "channel_order": "BGR"},
+    # transformers' floor rounding and a pad fill change nothing where there is no crop to round or pad.
+    "floor-without-crop": {
+        "resize_mode": "exact",
+        "resize_height": 40,
+        "resize_width": 30,
+        "crop_rounding": "floor",
+        "pad_fill": (124, 116, 104),
+    },
+}
+
+
+def _odd_photos() -> dict[str, bytes]:
+    from PIL import Image
+
+    from compile.sample_photos import sample_photo_file
+    from tests.conftest import encode, sample_array
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways: the peer must turn it upright as vision-serve does
+    sideways = Image.fromarray(sample_array("astronaut")).transpose(Image.Transpose.ROTATE_90)
+    return {
+        "chelsea": sample_photo_file("chelsea"),
+        "sideways": encode(sideways, quality=95, exif=exif),
+        "wide": encode(Image.fromarray(sample_array("rocket")).resize((900, 120)), "PNG"),
+        "tiny": encode(Image.fromarray(sample_array("coffee")).resize((7, 5)), "PNG"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(EXPRESSIBLE))
+def test_the_peers_torchvision_transform_is_vision_serves_pillow_preprocessing(name: str) -> None:
+    import io
+
+    import torch
+    from PIL import Image
+
+    from benchmarks.harness.eval_transform import eval_transform, upright_rgb
+    from preprocessing.pil_backend import PilPreprocessor
+
+    spec = _spec(**EXPRESSIBLE[name])
+    transform = eval_transform(spec)
+    reference = PilPreprocessor(spec, "cpu", num_threads=1, use_jpeg_draft=False)
+    for photo, data in _odd_photos().items():
+        with Image.open(io.BytesIO(data)) as image:
+            theirs = transform(upright_rgb(image))
+        ours = reference([data]).images[0]
+        assert theirs.shape == ours.shape == (3, *spec.input_size), (name, photo)
+        # The same pixels: what differs is float rounding (ToTensor then Normalize vs one multiply-add).
+        torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5, msg=f"{name} {photo}")
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (
+            {"resize_mode": "cover", "resize_height": 48, "resize_width": 64, "crop_height": 48, "crop_width": 64},
+            "resize_mode 'cover'",
+        ),
+        (
+            {"resize_mode": "contain", "resize_height": 48, "resize_width": 64, "crop_height": 48, "crop_width": 64},
+            "resize_mode 'contain'",
+        ),
+        ({"resize_size": 64, "crop_size": 56, "antialias": False}, "antialias=False"),
+        ({"resize_size": 64, "crop_size": 56, "crop_rounding": "floor"}, "crop_rounding 'floor'"),
+        ({"resize_size": 64, "crop_size": 72, "pad_fill": (124, 116, 104)}, "pad_fill (124, 116, 104)"),
+    ],
+)
+def test_a_spec_torchvision_cannot_express_is_refused_naming_the_field(fields: dict, named: str) -> None:
+    from benchmarks.harness.eval_transform import eval_transform
+
+    with pytest.raises(ValueError, match="nearest") as refused:
+        eval_transform(_spec(**fields))
+    assert named in str(refused.value) and "\n" not in str(refused.value)
+
+
 # ---- the experiment: table and targets -----------------------------------------------------------------
 
 

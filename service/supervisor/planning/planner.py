@@ -162,7 +162,7 @@ def model_cost(entry: ModelEntry, manifest: Manifest | None, artifact: str) -> M
     model_file = None
     if entry.family in FILE_FAMILIES:
         model_file = Path(artifact) / manifest.engine_file if manifest is not None else Path(entry.model)
-    return measure_cost(entry.family, lambda: build_architecture(entry), model_file, entry.preprocess.crop_size)
+    return measure_cost(entry.family, lambda: build_architecture(entry), model_file, entry.preprocess.input_size)
 
 
 def plan_serving(settings: ServeSettings, cuda_count: int | None = None, cores: int | None = None) -> ServePlan:

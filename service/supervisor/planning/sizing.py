@@ -128,9 +128,10 @@ def _gpu(workers: int, threads: int, devices: int, cores: int) -> tuple[int, int
     return chosen, host_threads, f"{devices} GPU(s), {cores} usable cores; workers: {reason}"
 
 
-def measure_cost(family: str, build: object, model_file: Path | None, crop_size: int) -> ModelCost:
-    """``build``: a callable that makes the architecture (run on the meta device); ``model_file``: for
-    a model file (ONNX, an exported program), whose weights' size is all that is known without
+def measure_cost(family: str, build: object, model_file: Path | None, input_size: tuple[int, int]) -> ModelCost:
+    """``build``: a callable that makes the architecture (run on the meta device) on one image of
+    ``input_size`` = (height, width), the preprocessing's ``PreprocessSpec.input_size``; ``model_file``:
+    for a model file (ONNX, an exported program), whose weights' size is all that is known without
     loading it."""
     import torch
 
@@ -152,7 +153,8 @@ def measure_cost(family: str, build: object, model_file: Path | None, crop_size:
             module = build()  # type: ignore[operator]
         module.eval()
         with FlopCounterMode(display=False) as counter, torch.no_grad():
-            module(torch.empty(1, 3, crop_size, crop_size, device="meta"))
+            height, width = input_size
+            module(torch.empty(1, 3, height, width, device="meta"))
     except Exception as exc:  # an architecture that cannot run on meta tensors: fall back to the safe rule
         logger.debug("Could not count the %s model's operations on the meta device: %s", family, exc)
         return ModelCost(None, "its operations could not be counted")
