@@ -25,8 +25,7 @@ import statistics
 import time
 
 from benchmarks.harness.common import machine_record, results_dir, write_results
-from preprocessing.pil_backend import PilPreprocessor
-from preprocessing.spec import PreprocessSpec
+from preprocessing import PilPreprocessor, PreprocessSpec
 from service.tune.images import photo_jpegs
 
 SIZES = {"imagenet": (500, 375), "12mp": (4000, 3000)}  # width x height
