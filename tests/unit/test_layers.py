@@ -76,6 +76,7 @@ COMPILE_LAYERS: list[tuple[str, ...]] = [
     # what a compile is asked and what it records: flags, settings, the model request, the manifest
     (
         "compile.cli_flags",
+        "compile.preprocess_flags",
         "compile.model_request",
         "compile.settings",
         "compile.manifest",
