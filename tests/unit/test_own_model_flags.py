@@ -127,9 +127,9 @@ def test_timm_preprocessing_is_timms_own_eval_transform(name: str) -> None:
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({"input_size": (3, 256, 192)}, "not square"),
-        ({"crop_mode": "squash"}, "crop mode is 'squash'"),
         ({"interpolation": "lanczos"}, "interpolation is 'lanczos'"),
+        ({"interpolation": "hamming"}, "interpolation is 'hamming'"),
+        ({"crop_border_pixels": 2}, "crop_border_pixels is 2"),
     ],
 )
 def test_timm_preprocessing_we_cannot_reproduce_is_refused(config: dict, expected: str) -> None:
