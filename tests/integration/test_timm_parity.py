@@ -181,11 +181,6 @@ ONNX_CASES = [
     pytest.param(
         {"input_size": (3, 112, 160), "crop_pct": 0.9, "crop_mode": "center"},
         id="center-non-square",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="the compile backends and the gate still build square examples from crop_size (0 here); "
-            "remove this mark once the model-input shape reaches them",
-        ),
     ),
 ]
 
