@@ -3,7 +3,8 @@
 A folder is recognized by its ``config.json``:
 
 * transformers (``save_pretrained``): ``architectures`` and ``model_type``; labels from ``id2label``,
-  preprocessing from ``preprocessor_config.json`` (the processor ``AutoImageProcessor`` would build),
+  preprocessing from ``preprocessor_config.json`` (the processor ``AutoImageProcessor`` would build,
+  reproduced step for step or refused: compile/hf_processors.py),
   the activation from ``problem_type`` (multi_label_classification: sigmoid; else softmax);
 * timm (``timm.models.push_to_hf_hub.save_for_hf``): ``architecture`` and ``pretrained_cfg``; labels
   from ``label_names`` (or ``id2label``), preprocessing from ``pretrained_cfg`` as for ``timm:<name>``.
@@ -18,25 +19,24 @@ checked as they are read (compile/config_values.py). transformers is imported on
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from compile import _defaults
-from compile.config_values import FLAGS_HINT, channel_triplet, crop_fraction
+from compile.config_values import FLAGS_HINT
+from compile.hf_processors import processor_spec
 from compile.offline_loads import untrusted_load
 from compile.settings_errors import SettingsError
 from preprocessing.spec import PreprocessSpec
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
+PROCESSOR_FILE = "processor_config.json"
 TRANSFORMERS_FAMILY = "transformers"
 TIMM_FOLDER_FAMILY = "timm-folder"
 FOLDER_FAMILIES = (TRANSFORMERS_FAMILY, TIMM_FOLDER_FAMILY)
-# transformers' PILImageResampling values (PIL's): the ones PreprocessSpec can reproduce.
-RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 SAVE_AGAIN = "Save it again with save_pretrained (transformers) or timm's save_for_hf."
 
@@ -100,66 +100,28 @@ def folder_labels(folder: Path, config: dict) -> tuple[str, ...]:
 
 
 def transformers_preprocess(folder: Path) -> PreprocessSpec:
-    """``preprocessor_config.json`` as a ``PreprocessSpec`` where it can be reproduced exactly: a shorter-side
-    resize then a center crop (ConvNeXt's and ResNet's processor below 384 px, processors with a center crop).
-    ViT's plain (height, width) resize squashes non-square photos, which vision-serve does not: an error
-    naming the flags to pass instead."""
+    """The preprocessing of the image processor ``AutoImageProcessor`` would build from the folder, as a
+    ``PreprocessSpec`` that reproduces it exactly (compile/hf_processors.py), or a ``SettingsError`` naming
+    the field it cannot reproduce and the flags nearest to it."""
+    path, cfg = processor_config(folder)
+    config = read_json(folder / CONFIG_FILE) if (folder / CONFIG_FILE).is_file() else {}
+    return processor_spec(cfg, config.get("model_type"), str(path), str(folder))
+
+
+def processor_config(folder: Path) -> tuple[Path, dict]:
+    """The saved processor dict and its file, where transformers looks: a ``processor_config.json`` that
+    nests an ``image_processor`` (what a multimodal processor saves) first, else ``preprocessor_config.json``."""
+    nested = folder / PROCESSOR_FILE
+    if nested.is_file():
+        image_processor = read_json(nested).get("image_processor")
+        if isinstance(image_processor, dict):
+            return nested, image_processor
     path = folder / PREPROCESSOR_FILE
     if not path.is_file():
         raise SettingsError(
             "--model", str(folder), f"{folder} has no {PREPROCESSOR_FILE}: its preprocessing is unknown.", FLAGS_HINT
         )
-    cfg = read_json(path)
-    kind = cfg.get("image_processor_type", "?")
-    problems = []
-    size = cfg.get("size") or {}
-    if isinstance(size, int):
-        size = {"shortest_edge": size}
-    resample = RESAMPLE_NAMES.get(cfg.get("resample", 2))
-    if resample is None:
-        problems.append(f"its resample is {cfg.get('resample')!r}")
-    if cfg.get("do_resize", True) is False or cfg.get("do_normalize", True) is False:
-        problems.append("it skips resizing or normalizing")
-    if cfg.get("do_rescale", True) and not math.isclose(float(cfg.get("rescale_factor", 1 / 255)), 1 / 255):
-        problems.append(f"its rescale_factor is {cfg.get('rescale_factor')}")
-    resize = crop = 0
-    if "shortest_edge" in size and "crop_pct" in cfg:  # ConvNextImageProcessor
-        edge, crop_pct = int(size["shortest_edge"]), cfg.get("crop_pct")
-        if edge >= 384 or crop_pct is None:  # warps to edge x edge, no crop
-            problems.append(f"{kind} resizes to {edge}x{edge} without keeping the aspect ratio")
-        else:
-            resize, crop = int(edge / crop_fraction(crop_pct, "crop_pct", str(path), str(folder))), edge
-    elif "shortest_edge" in size and cfg.get("do_center_crop"):  # e.g. CLIP/BiT-style: shorter side, then crop
-        crop_size = cfg.get("crop_size") or {}
-        crop_size = {"height": crop_size, "width": crop_size} if isinstance(crop_size, int) else crop_size
-        if crop_size.get("height") != crop_size.get("width"):
-            problems.append(f"its crop is not square ({crop_size})")
-        else:
-            resize, crop = int(size["shortest_edge"]), int(crop_size["height"])
-    else:
-        problems.append(
-            f"{kind} resizes to {size} without keeping the aspect ratio (vision-serve resizes the shorter side "
-            "and center-crops a square)"
-        )
-    if problems:
-        raise SettingsError(
-            "--model",
-            str(folder),
-            f"{folder}'s preprocessing ({kind}) cannot be served exactly: {'; '.join(problems)}.",
-            FLAGS_HINT,
-        )
-    return PreprocessSpec(
-        resize_size=resize,
-        crop_size=crop,
-        mean=channel_triplet(_or_half(cfg.get("image_mean")), "image_mean", str(path), str(folder)),
-        std=channel_triplet(_or_half(cfg.get("image_std")), "image_std", str(path), str(folder), positive=True),
-        interpolation=resample,
-    )
-
-
-def _or_half(value: object) -> object:
-    """transformers' default mean and std (0.5 per channel) where the processor names none."""
-    return [0.5] * 3 if value is None else value
+    return path, read_json(path)
 
 
 def folder_entry(model: str, kind: str, preprocess_overridden: bool = False):

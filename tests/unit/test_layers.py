@@ -84,6 +84,7 @@ COMPILE_LAYERS: list[tuple[str, ...]] = [
         "compile.pt2_archive",
         "compile.model_files",
         "compile.timm_support",
+        "compile.hf_processors",
     ),
     # what an engine is and its batch-dynamic export: below both the quantizers and the backends
     ("compile.engine", "compile.batch_export"),

@@ -90,16 +90,20 @@ def test_the_spec_gives_the_processors_pixel_values(tmp_path, make) -> None:
         assert diff.mean().item() < 1.0 and diff.max().item() < 40, (photo, diff.mean().item(), diff.max().item())
 
 
-def test_vits_squashing_resize_is_refused_naming_the_flags(tmp_path) -> None:
+def test_vits_exact_resize_is_served_and_the_flags_still_override_it(tmp_path) -> None:
+    """ViT's processor squashes a photo to its {height, width}: served as that exact resize now
+    (tests/unit/test_hf_processors.py has every class), and the flags still replace it part by part."""
     from transformers import ViTImageProcessor
 
-    folder = transformers_folder(tmp_path, ViTImageProcessor(size={"height": 32, "width": 32}))
-    with pytest.raises(SettingsError, match="ViTImageProcessor") as caught:
-        resolve_model(ModelRequest(model=str(folder)))
-    assert "--resize-size" in str(caught.value) + str(getattr(caught.value, "hint", ""))
-    flags = {"resize_size": 32, "crop_size": 32, "mean": "0.5,0.5,0.5", "std": "0.5,0.5,0.5"}
-    entry = resolve_model(ModelRequest(model=str(folder), interpolation="bilinear", **flags))
-    assert (entry.preprocess.resize_size, entry.preprocess.crop_size) == (32, 32)
+    folder = transformers_folder(tmp_path, ViTImageProcessor(size={"height": 32, "width": 48}))
+    spec = resolve_model(ModelRequest(model=str(folder))).preprocess
+    assert (spec.resize_mode, spec.input_size, spec.crop_height, spec.crop_rounding) == ("exact", (32, 48), 0, "floor")
+    entry = resolve_model(ModelRequest(model=str(folder), resize_size="32", crop_size="32", interpolation="bicubic"))
+    assert (entry.preprocess.resize_mode, entry.preprocess.resize_size, entry.preprocess.crop_size) == (
+        "shorter",
+        32,
+        32,
+    )
 
 
 def test_a_timm_folder_uses_its_pretrained_cfg(tmp_path) -> None:
