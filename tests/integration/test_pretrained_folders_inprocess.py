@@ -43,20 +43,11 @@ def assert_same_answers(mine: torch.Tensor, reference: torch.Tensor) -> None:
     assert (mine - reference).abs().max().item() < PROBABILITY_TOLERANCE, (mine, reference)
 
 
-@pytest.mark.parametrize("kind", ["convnext", "resnet"])
+@pytest.mark.parametrize("kind", ["convnext", "resnet", "vit"])
 def test_a_transformers_folder_answers_as_transformers_does(tmp_path, kind) -> None:
+    """ViT's too: its exact resize is served as its processor does (every class: test_processor_parity.py)."""
     folder = save_transformers(kind, tmp_path / kind)
     assert_same_answers(ours(ModelRequest(model=str(folder))), theirs_transformers(folder))
-
-
-def test_a_vit_folder_is_served_with_the_flags_it_needs(tmp_path) -> None:
-    """ViT squashes a photo to its size: on square crops our resize-and-crop is the same thing."""
-    folder = save_transformers("vit", tmp_path / "vit")
-    flags = {"resize_size": 32, "crop_size": 32, "mean": "0.5,0.5,0.5", "std": "0.5,0.5,0.5"}
-    served = load_eager(
-        ModelRequest(model=str(folder), interpolation="bilinear", **flags), "imagenet", torch.device("cpu")
-    )
-    assert served(torch.randn(2, 3, 32, 32)).shape == (2, 3)
 
 
 def test_a_timm_folder_answers_as_timm_does(tmp_path) -> None:
