@@ -220,7 +220,7 @@ def transformers_folder(tmp_path: Path, **processor) -> Path:
         (lambda p: transformers_folder(p, image_std=[0.5, 0, 0.5]), "its image_std is [0.5, 0, 0.5]; it must be three"),
         (lambda p: transformers_folder(p, size={"shortest_edge": "x"}), "preprocessing config cannot be read"),
         (lambda p: timm_folder(p, mean=5), "its mean is 5; it must be three numbers"),
-        (lambda p: timm_folder(p, crop_pct=-1), "its crop_pct is -1; it must be a number in (0, 1]"),
+        (lambda p: timm_folder(p, crop_pct=-1), "its crop_pct is -1; it must be a number > 0"),
         (lambda p: timm_folder(p, input_size=224), "its input_size is 224; it must be [3, height, width]"),
     ],
     ids=["crop_pct-0", "image_mean-5", "image_std-0", "size-text", "timm-mean-5", "timm-crop_pct", "timm-input_size"],
