@@ -62,6 +62,8 @@ SPECS = {
         rescale_factor=1.0,
     ),
     "nearest-exact": box_spec("exact", 200, 260, interpolation="nearest"),
+    # transformers' nearest (F.interpolate's nearest-exact, no antialias): MobileNetV1's processor.
+    "nearest-no-antialias": PreprocessSpec(200, 180, MEAN, STD, interpolation="nearest", antialias=False),
     # BGR with per-channel mean and std: they are the model's channels', i.e. after the flip.
     "bgr-normalized": dataclasses.replace(RESNET, channel_order="BGR", mean=(0.406, 0.456, 0.485)),
 }
