@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from preprocessing.errors import ImageDecodeError, ImageError
@@ -75,7 +74,7 @@ def value_affine(spec: PreprocessSpec) -> tuple[tuple[float, ...], tuple[float, 
 
 
 class Normalizer:
-    """uint8 batch -> float32 NCHW model input: channels put in ``spec.channel_order``, then
+    """uint8 RGB batch -> float32 NCHW model input: channels put in ``spec.channel_order``, then
     ``pixel * rescale_factor``, ``(value - mean) / std``, as one fused multiply-add.
 
     The result is a permuted view, so it is NCHW in shape and channels-last in memory, which is the
@@ -90,14 +89,19 @@ class Normalizer:
         self.device = device
 
     def __call__(self, batch_nhwc_uint8: torch.Tensor) -> torch.Tensor:
-        """A uint8 NHWC batch whose channels are already in the model's order (``model_channels``)."""
+        """A uint8 NHWC RGB batch (Pillow's) -> the model's float32 NCHW input."""
         x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-        return torch.addcmul(self.bias, x, self.scale)
-
-    def model_channels(self, rgb_hwc: np.ndarray) -> np.ndarray:
-        """One uint8 HWC RGB image with its channels in the model's order: a view, which the batch's
-        ``np.stack`` copies anyway, so BGR costs nothing more."""
-        return rgb_hwc[:, :, ::-1] if self.bgr else rgb_hwc
+        if not self.bgr:
+            return torch.addcmul(self.bias, x, self.scale)
+        # Each channel's multiply-add written straight into its flipped place: a flip of either tensor
+        # would be one more pass over the batch, which BGR models would pay on every request.
+        out = torch.empty_like(x)
+        for model_channel in range(3):
+            rgb = 2 - model_channel
+            torch.addcmul(
+                self.bias[:, model_channel], x[:, rgb], self.scale[:, model_channel], out=out[:, model_channel]
+            )
+        return out
 
     def nchw(self, batch_nchw: torch.Tensor) -> torch.Tensor:
         """Normalize an NCHW batch of RGB 0..255 values (any float dtype) that is already on the device."""

@@ -93,7 +93,7 @@ class PilPreprocessor(Preprocessor):
         arrays = [d for d in decoded if not isinstance(d, ImageError)]
         if not arrays:
             return self.empty_batch(errors)
-        batch = torch.from_numpy(np.stack([self._normalize.model_channels(array) for array in arrays]))
+        batch = torch.from_numpy(np.stack(arrays))
         if self.device.type == "cuda":
             batch = batch.pin_memory()
         return PreparedBatch(self._normalize(batch), errors)
