@@ -27,9 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from compile.config_values import FLAGS_HINT, channel_triplet, crop_fraction
-from compile.preprocess_flags import MAX_SIDE
 from compile.settings_errors import SettingsError
-from preprocessing.spec import PreprocessSpec
+from preprocessing.spec import MAX_SIDE, PreprocessSpec
 
 logger = logging.getLogger(__name__)
 

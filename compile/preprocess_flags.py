@@ -29,6 +29,7 @@ from compile.settings_errors import SettingsError
 from preprocessing.spec import (
     CHANNEL_ORDERS,
     CROP_ROUNDINGS,
+    MAX_SIDE,
     RESIZE_MODES,
     SUPPORTED_INTERPOLATIONS,
     PreprocessSpec,
@@ -58,8 +59,6 @@ TRIPLET_FIELDS = ("pad_fill", "mean", "std")
 SWITCH_FIELDS = ("antialias", "normalize")
 SWITCHES = {"on": True, "off": False}
 NO_CROP = "none"
-# A side larger than this is a typo, not a classifier's input: 4096 x 4096 x 3 bytes is 48 MiB an image.
-MAX_SIDE = 4096
 SIZE_PATTERN = re.compile(r"^\s*(\d{1,6})\s*(?:[xX]\s*(\d{1,6})\s*)?$", re.ASCII)
 # The fields a flag sets as they are (the geometry is worked out from several: resize_of).
 VALUE_FIELDS = (

@@ -37,6 +37,10 @@ BOX_RESIZE_MODES = ("exact", "cover", "contain")
 CROP_ROUNDINGS = ("round", "floor")
 CHANNEL_ORDERS = ("RGB", "BGR")
 DEFAULT_RESCALE_FACTOR = 1 / 255
+# A side larger than this is a typo or a crafted file, not a classifier's input (4096 x 4096 x 3 bytes is
+# 48 MiB an image): every route to a spec (flags, a folder, a timm config, a manifest) meets this bound.
+MAX_SIDE = 4096
+SIZE_FIELDS = ("resize_size", "crop_size", "resize_height", "resize_width", "crop_height", "crop_width")
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,10 @@ class PreprocessSpec:
         set_(self, "std", tuple(float(s) for s in self.std))
         set_(self, "pad_fill", tuple(int(v) for v in self.pad_fill))
         set_(self, "rescale_factor", float(self.rescale_factor))
-        for name in ("resize_size", "crop_size", "resize_height", "resize_width", "crop_height", "crop_width"):
+        for name in SIZE_FIELDS:
             value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise ValueError(f"PreprocessSpec.{name} must be a whole number >= 0, got {value!r}.")
+            if type(value) is not int or not 0 <= value <= MAX_SIDE:
+                raise ValueError(f"PreprocessSpec.{name} must be a whole number from 0 to {MAX_SIDE}, got {value!r}.")
         self._check_choices()
         self._settle_crop()
         self._check_geometry()

@@ -139,6 +139,9 @@ def refusal(config: dict, where: str = "") -> SettingsError:
         ({"crop_pct": -0.5}, "its crop_pct is -0.5; it must be a number > 0 (timm's default is 0.875)"),
         ({"crop_pct": "0.9"}, "its crop_pct is '0.9'"),
         ({"crop_pct": 1000.0}, "its crop_pct 1000.0 resizes 224x224 to nothing"),
+        # A crafted config must not ask for a resize of gigabytes (the bound every spec meets).
+        ({"input_size": (3, 100_000, 100_000)}, "resize_size must be a whole number from 0 to 4096, got 114285"),
+        ({"crop_pct": 1e-6}, "resize_size must be a whole number from 0 to 4096"),
         (
             {"crop_mode": "border", "mean": (0.5, 0.5, 1.5)},
             "pads with its mean, [0.5, 0.5, 1.5], which is not a colour",
