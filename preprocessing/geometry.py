@@ -47,12 +47,6 @@ def crop_offset(size: int, crop: int, rounding: str = "round") -> int:
     return round(half) if rounding == "round" else int(half)
 
 
-def center_crop_box(width: int, height: int, crop: int) -> Box:
-    """``(left, top, right, bottom)`` of a square crop with torchvision CenterCrop's offsets."""
-    left, top = crop_offset(width, crop), crop_offset(height, crop)
-    return left, top, left + crop, top + crop
-
-
 @dataclass(frozen=True)
 class CropPlan:
     """Where one image's model input comes from: resize to ``resized``, then cut the window ``box``.

@@ -15,7 +15,7 @@ from PIL import Image
 
 from compile.catalog import get_model_entry
 from preprocessing import PreprocessSpec, create_preprocessor
-from preprocessing.geometry import center_crop_box, resized_size
+from preprocessing.geometry import plan_crop, resized_size
 from preprocessing.pil_backend import PilPreprocessor
 from tests.conftest import encode, sample_array
 
@@ -79,7 +79,7 @@ def test_within_one_uint8_level_of_torchvision_tensor_pipeline() -> None:
 def test_geometry_helpers_follow_torchvision_rounding() -> None:
     assert resized_size(451, 300, 256) == (384, 256)  # int(256 * 451 / 300) = 384
     assert resized_size(300, 451, 256) == (256, 384)
-    assert center_crop_box(384, 256, 224) == (80, 16, 304, 240)
+    assert plan_crop(384, 256, PreprocessSpec(256, 224, (0, 0, 0), (1, 1, 1))).box == (80, 16, 304, 240)
 
 
 def test_exif_orientation_is_applied() -> None:
