@@ -216,6 +216,35 @@ def _interpolate_axis(image: torch.Tensor, axis: int, out_size: int, start: int,
     return result
 
 
+def interpolate_window(image: torch.Tensor, plan: CropPlan, spec: PreprocessSpec, antialias: bool) -> torch.Tensor:
+    """A float CHW image -> ``plan.inner`` of ``F.interpolate`` of the whole image to ``plan.resized``,
+    with the spec's filter (nearest as nearest-exact: pixel centres, as Pillow samples; plain nearest
+    floors). Float 0..255 values, not clamped."""
+    width, height = plan.resized
+    nearest = spec.interpolation == "nearest"
+    resized = torch.nn.functional.interpolate(
+        image.unsqueeze(0),
+        size=(height, width),
+        mode="nearest-exact" if nearest else spec.interpolation,
+        antialias=antialias and not nearest,
+        align_corners=None if nearest else False,
+    )
+    left, top, right, bottom = plan.inner
+    return resized[0, :, top:bottom, left:right]
+
+
+def pad_window(window: torch.Tensor, plan: CropPlan, fill: Sequence[int]) -> torch.Tensor:
+    """``window`` (CHW, ``plan.inner``'s pixels) placed in the model input's window, ``fill`` around it
+    where the plan pads; ``window`` itself where it does not."""
+    if not plan.pads:
+        return window
+    out_width, out_height = plan.output_size
+    canvas = torch.tensor(fill, dtype=window.dtype, device=window.device).view(3, 1, 1).repeat(1, out_height, out_width)
+    x, y = plan.inner_offset
+    canvas[:, y : y + window.shape[1], x : x + window.shape[2]] = window
+    return canvas
+
+
 def interpolate_crop(
     image: torch.Tensor, plan: CropPlan, spec: PreprocessSpec, max_resized_area: int = 0
 ) -> torch.Tensor:
@@ -227,23 +256,9 @@ def interpolate_crop(
     left, top, right, bottom = plan.inner
     pixels = image.to(torch.float32)
     if width * height <= max_resized_area:
-        nearest = spec.interpolation == "nearest"
-        pixels = torch.nn.functional.interpolate(
-            pixels.unsqueeze(0),
-            size=(height, width),
-            # nearest-exact samples pixel centres, as Pillow does; plain nearest floors.
-            mode="nearest-exact" if nearest else spec.interpolation,
-            antialias=False,
-            align_corners=None if nearest else False,
-        )[0, :, top:bottom, left:right]
+        pixels = interpolate_window(pixels, plan, spec, antialias=False)
     else:
         pixels = _interpolate_axis(pixels, 1, height, top, bottom, spec.interpolation)
         pixels = _interpolate_axis(pixels, 2, width, left, right, spec.interpolation)
     window = pixels.round_().clamp_(0, 255).to(torch.uint8)
-    if not plan.pads:
-        return window
-    out_width, out_height = plan.output_size
-    canvas = torch.tensor(spec.pad_fill, dtype=torch.uint8).view(3, 1, 1).repeat(1, out_height, out_width)
-    x, y = plan.inner_offset
-    canvas[:, y : y + window.shape[1], x : x + window.shape[2]] = window
-    return canvas
+    return pad_window(window, plan, spec.pad_fill)

@@ -15,11 +15,10 @@ import warnings
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from preprocessing.device_base import DeviceDecodePreprocessor, DeviceItem
-from preprocessing.geometry import CropPlan, orient
+from preprocessing.geometry import CropPlan, interpolate_window, orient, pad_window
 
 
 class TorchPreprocessor(DeviceDecodePreprocessor):
@@ -48,25 +47,7 @@ class TorchPreprocessor(DeviceDecodePreprocessor):
         """Upright uint8 CHW -> float CHW model-input window of 0..255 values, with the probe's
         geometry (the decoder does not rotate, ``orient`` does, so the image has the probe's
         displayed size)."""
-        width, height = plan.resized
-        mode = self.spec.interpolation
-        resized = F.interpolate(
-            image.unsqueeze(0).float(),
-            size=(height, width),
-            # nearest-exact samples pixel centres, as Pillow does; plain nearest floors.
-            mode="nearest-exact" if mode == "nearest" else mode,
-            # Off: plain interpolation, the pixels of geometry.interpolate_crop (the Pillow path's).
-            antialias=self.spec.antialias and mode != "nearest",
-            align_corners=None if mode == "nearest" else False,
-        )
-        left, top, right, bottom = plan.inner
+        # antialias off: the same F.interpolate as the Pillow path's (geometry.interpolate_crop).
+        window = interpolate_window(image.float(), plan, self.spec, antialias=self.spec.antialias)
         # Bicubic overshoots at edges; Pillow clamps to the 0..255 range, so do we.
-        window = resized[0, :, top:bottom, left:right].clamp_(0.0, 255.0)
-        if not plan.pads:
-            return window
-        out_width, out_height = plan.output_size
-        fill = torch.tensor(self.spec.pad_fill, dtype=window.dtype, device=window.device)
-        canvas = fill.view(3, 1, 1).repeat(1, out_height, out_width)
-        x, y = plan.inner_offset
-        canvas[:, y : y + window.shape[1], x : x + window.shape[2]] = window
-        return canvas
+        return pad_window(window.clamp_(0.0, 255.0), plan, self.spec.pad_fill)
