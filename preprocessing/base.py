@@ -90,21 +90,18 @@ class Normalizer:
 
     def __call__(self, batch_nhwc_uint8: torch.Tensor) -> torch.Tensor:
         """A uint8 NHWC RGB batch (Pillow's) -> the model's float32 NCHW input."""
-        x = batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-        if not self.bgr:
-            return torch.addcmul(self.bias, x, self.scale)
-        # Each channel's multiply-add written straight into its flipped place: a flip of either tensor
-        # would be one more pass over the batch, which BGR models would pay on every request.
-        out = torch.empty_like(x)
-        for model_channel in range(3):
-            rgb = 2 - model_channel
-            torch.addcmul(
-                self.bias[:, model_channel], x[:, rgb], self.scale[:, model_channel], out=out[:, model_channel]
-            )
-        return out
+        return self.nchw(batch_nhwc_uint8.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float())
 
     def nchw(self, batch_nchw: torch.Tensor) -> torch.Tensor:
         """Normalize an NCHW batch of RGB 0..255 values (any float dtype) that is already on the device."""
-        if self.bgr:
-            batch_nchw = batch_nchw.flip(1)
-        return torch.addcmul(self.bias, batch_nchw, self.scale)
+        if not self.bgr:
+            return torch.addcmul(self.bias, batch_nchw, self.scale)
+        # Each channel's multiply-add written straight into its flipped place: a flip of either tensor
+        # would be one more pass over the batch, which BGR models would pay on every request.
+        out = torch.empty_like(batch_nchw, dtype=torch.promote_types(batch_nchw.dtype, self.scale.dtype))
+        for model_channel in range(3):
+            rgb = 2 - model_channel
+            torch.addcmul(
+                self.bias[:, model_channel], batch_nchw[:, rgb], self.scale[:, model_channel], out=out[:, model_channel]
+            )
+        return out
