@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compile.config_values import FLAGS_HINT, channel_triplet, crop_fraction
+from compile.preprocess_flags import spec_flags
 from compile.settings_errors import SettingsError
 from preprocessing.spec import MAX_SIDE, PreprocessSpec
 
@@ -226,41 +227,11 @@ def _nearest_spec(p: Any) -> PreprocessSpec:
     )
 
 
-def spec_flags(spec: PreprocessSpec) -> str:
-    """The preprocessing flags that make ``spec`` from nothing: each part, and each value that is not
-    PreprocessSpec's default (docs/configuration.md#preprocessing-flags)."""
-    if spec.resize_mode == "shorter":
-        parts = [f"--resize-size {spec.resize_size}"]
-    else:
-        parts = [f"--resize-size {spec.resize_height}x{spec.resize_width}"]
-        parts += [f"--resize-mode {spec.resize_mode}"] if spec.resize_mode != "exact" else []
-    height, width = spec.crop_height, spec.crop_width
-    parts.append(f"--crop-size {'none' if not height else height if height == width else f'{height}x{width}'}")
-    if height and spec.crop_rounding != "round":
-        parts.append(f"--crop-rounding {spec.crop_rounding}")
-    if spec.pad_fill != (0, 0, 0):
-        parts.append(f"--pad-fill {','.join(map(str, spec.pad_fill))}")
-    parts.append(f"--interpolation {spec.interpolation}")
-    parts += ["--antialias off"] if not spec.antialias else []
-    if not math.isclose(spec.rescale_factor, 1 / 255, rel_tol=1e-12):
-        parts.append(f"--rescale-factor {spec.rescale_factor:.10g}")
-    if spec.normalize:
-        parts += [f"--mean {_triplet_text(spec.mean)}", f"--std {_triplet_text(spec.std)}"]
-    else:
-        parts.append("--normalize off")
-    parts += [f"--channel-order {spec.channel_order}"] if spec.channel_order != "RGB" else []
-    return " ".join(parts)
-
-
 def _sides(size: object) -> dict:
     """A SizeDict (or dict) as a dict of its set sides."""
     if size is None:
         return {}
     return {k: v for k, v in (dict(size) if not isinstance(size, dict) else size).items() if v is not None}
-
-
-def _triplet_text(values: tuple[float, ...]) -> str:
-    return ",".join(f"{v:.8g}" for v in values)
 
 
 class _Reader:

@@ -29,6 +29,7 @@ from compile.settings_errors import SettingsError
 from preprocessing.spec import (
     CHANNEL_ORDERS,
     CROP_ROUNDINGS,
+    DEFAULT_RESCALE_FACTOR,
     MAX_SIDE,
     RESIZE_MODES,
     SUPPORTED_INTERPOLATIONS,
@@ -423,3 +424,33 @@ def _number(text: str) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def spec_flags(spec: PreprocessSpec) -> str:
+    """The preprocessing flags that make ``spec`` from nothing: each part, and each value that is not
+    PreprocessSpec's default (docs/configuration.md#preprocessing-flags)."""
+    if spec.resize_mode == "shorter":
+        parts = [f"--resize-size {spec.resize_size}"]
+    else:
+        parts = [f"--resize-size {spec.resize_height}x{spec.resize_width}"]
+        parts += [f"--resize-mode {spec.resize_mode}"] if spec.resize_mode != "exact" else []
+    height, width = spec.crop_height, spec.crop_width
+    parts.append(f"--crop-size {'none' if not height else height if height == width else f'{height}x{width}'}")
+    if height and spec.crop_rounding != "round":
+        parts.append(f"--crop-rounding {spec.crop_rounding}")
+    if spec.pad_fill != (0, 0, 0):
+        parts.append(f"--pad-fill {','.join(map(str, spec.pad_fill))}")
+    parts.append(f"--interpolation {spec.interpolation}")
+    parts += ["--antialias off"] if not spec.antialias else []
+    if not math.isclose(spec.rescale_factor, DEFAULT_RESCALE_FACTOR, rel_tol=1e-12):
+        parts.append(f"--rescale-factor {spec.rescale_factor:.10g}")
+    if spec.normalize:
+        parts += [f"--mean {_triplet_text(spec.mean)}", f"--std {_triplet_text(spec.std)}"]
+    else:
+        parts.append("--normalize off")
+    parts += [f"--channel-order {spec.channel_order}"] if spec.channel_order != "RGB" else []
+    return " ".join(parts)
+
+
+def _triplet_text(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:.8g}" for v in values)

@@ -8,9 +8,10 @@ import shlex
 
 import pytest
 
-from compile.hf_processors import MAPPED, overridden_steps, spec_flags
+from compile.hf_processors import MAPPED, overridden_steps
 from compile.model_request import ModelRequest
 from compile.model_source import resolve_model
+from compile.preprocess_flags import spec_flags
 from compile.pretrained_folders import transformers_preprocess
 from compile.settings_errors import SettingsError, one_line
 from preprocessing.base import value_affine
