@@ -258,7 +258,11 @@ def interpolate_crop(
     if width * height <= max_resized_area:
         pixels = interpolate_window(pixels, plan, spec, antialias=False)
     else:
-        pixels = _interpolate_axis(pixels, 1, height, top, bottom, spec.interpolation)
-        pixels = _interpolate_axis(pixels, 2, width, left, right, spec.interpolation)
+        # The axes in the order that keeps the intermediate smaller: a wide strip's rows first would
+        # be window height x the whole source width (gigabytes for a 1 x 50000 JPEG under bicubic).
+        rows_first = (bottom - top) * image.shape[2] <= image.shape[1] * (right - left)
+        axes = [(1, height, top, bottom), (2, width, left, right)]
+        for axis, size, start, stop in axes if rows_first else axes[::-1]:
+            pixels = _interpolate_axis(pixels, axis, size, start, stop, spec.interpolation)
     window = pixels.round_().clamp_(0, 255).to(torch.uint8)
     return pad_window(window, plan, spec.pad_fill)

@@ -305,6 +305,35 @@ def test_long_strips_resample_only_the_crop_region() -> None:
     assert grown_mib < 500
 
 
+def test_a_plain_resize_of_a_long_strip_computes_only_the_window() -> None:
+    """Without antialiasing a strip is interpolated tap by tap over the window; the axes go in the
+    order that keeps the intermediate small, whichever way the strip lies (a 1 x 50000 JPEG's rows
+    first would hold 224 x 50000 floats per tap: half a gigabyte). In a fresh process, so that the
+    peak memory is this test's own."""
+    import subprocess
+    import sys
+
+    code = """
+import io, resource, numpy as np
+from PIL import Image
+from preprocessing import PilPreprocessor, PreprocessSpec
+line = np.tile(np.arange(256, dtype=np.uint8), 200)[:50000]
+files = []
+for pixels, fmt in ((line.reshape(50000, 1), "PNG"), (line.reshape(1, 50000), "JPEG")):
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert("RGB").save(buffer, fmt)
+    files.append(buffer.getvalue())
+spec = PreprocessSpec(256, 224, (0.5,) * 3, (0.5,) * 3, "bicubic", antialias=False)
+preprocessor = PilPreprocessor(spec, num_threads=1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+batch = preprocessor(files)
+assert batch.errors == [None, None] and tuple(batch.images.shape) == (2, 3, 224, 224), batch.errors
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert float(done.stdout.strip().splitlines()[-1]) < 100, done.stdout
+
+
 def test_crop_region_resampling_stays_within_two_levels_of_the_exact_path() -> None:
     strip = sample_array("rocket")[:400, :60]  # 6.7:1, past the 4:1 switch
     exact = torchvision_reference(RESNET, encode(strip, "PNG"))
