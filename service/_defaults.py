@@ -131,6 +131,13 @@ ADMIN_API_KEY = ""
 # Longest a load may take, from the call to a new version's workers all warm; then it fails and the
 # old version keeps serving.
 LOAD_TIMEOUT_S = 300.0
+# Where a model version's workers run: "shared" (the engines of many models in each worker process,
+# one per device and --workers-per-device) or "process" (worker processes of its own).
+WORKER_ISOLATION = "shared"
+WORKER_ISOLATION_MODES = ("shared", "process")
+# MiB the resident models may take (their engines and the worker processes); 0: chosen from the
+# machine at start (service/supervisor/planning/memory.py).
+MEMORY_BUDGET_MIB = 0
 
 # The response cache (service/http/cache/): answers kept per HTTP process, keyed on the image's bytes,
 # the model version and the options that change the answer; 0 MiB: off. A hit is answered before any

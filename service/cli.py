@@ -72,6 +72,12 @@ _HELP = {
     "API: POST /v2/repository/index, /v2/repository/models/NAME/load and /unload)",
     "default_model": "the model /predict classifies with when the request names none (?model=NAME); default: "
     "the only model",
+    "worker_isolation": "shared: each worker process (one per device and --workers-per-device) holds the engines "
+    "of every model it serves, so a model costs its engine, not a process; process: every model version gets "
+    "worker processes of its own (config.toml's isolation sets it per model)",
+    "memory_budget_mib": "MiB the resident models may take; with --model-control none a repository may hold "
+    "more models than fit: one not resident loads on its first request and the least recently used idle one "
+    "is evicted; 0: from the machine's memory at start",
     "load_timeout_s": "longest a model load may take until its workers are warm; then it fails and the old "
     "version keeps serving",
     "response_cache_mb": "MiB of answers each HTTP process keeps, keyed on the image's bytes, model version and "

@@ -69,6 +69,8 @@ class ServeSettings(ModelRequest):
     model_control: str = _defaults.MODEL_CONTROL
     default_model: str = _defaults.DEFAULT_MODEL
     load_timeout_s: float = _defaults.LOAD_TIMEOUT_S
+    worker_isolation: str = _defaults.WORKER_ISOLATION
+    memory_budget_mib: int = _defaults.MEMORY_BUDGET_MIB
     response_cache_mb: int = _defaults.RESPONSE_CACHE_MB
     response_cache_redis_timeout_ms: float = _defaults.RESPONSE_CACHE_REDIS_TIMEOUT_MS
     response_cache_redis_ttl_s: float = _defaults.RESPONSE_CACHE_REDIS_TTL_S
@@ -271,6 +273,20 @@ def check_repository(settings: ServeSettings) -> None:
             settings.load_timeout_s,
             "be a number of seconds > 0",
             f"Leave it out for {_defaults.LOAD_TIMEOUT_S:g} s.",
+        )
+    if settings.worker_isolation not in _defaults.WORKER_ISOLATION_MODES:
+        raise SettingsError.must(
+            "--worker-isolation",
+            settings.worker_isolation,
+            "be shared (many models' engines in each worker process) or process (worker processes per model)",
+            "Leave it out for shared; set isolation = \"process\" in one model's config.toml to isolate only it.",
+        )
+    if settings.memory_budget_mib < 0:
+        raise SettingsError.must(
+            "--memory-budget-mib",
+            settings.memory_budget_mib,
+            "be a number of MiB >= 0",
+            "Use 0 to size it from the machine's memory at start.",
         )
     if settings.admin_api_key and settings.admin_api_key == settings.api_key:
         raise SettingsError(

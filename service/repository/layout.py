@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compile._defaults import ACTIVATIONS
+from service._defaults import WORKER_ISOLATION_MODES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,6 +82,7 @@ class ModelConfig:
     batch_timeout_ms: float | None = None
     version_policy: VersionPolicy | None = None  # None: Triton's default, the latest version
     activation: str | None = None  # auto (the model's own), softmax, sigmoid or none
+    isolation: str | None = None  # shared (engines in shared worker processes) or process (its own)
 
     @property
     def policy(self) -> VersionPolicy:
@@ -155,7 +157,7 @@ def read_config_toml(path: Path) -> ModelConfig:
         raise RepositoryError(f"{path}: {exc}") from None
 
 
-CONFIG_KEYS = ("workers_per_device", "max_batch_size", "batch_timeout_ms", "version_policy", "activation")
+CONFIG_KEYS = ("workers_per_device", "max_batch_size", "batch_timeout_ms", "version_policy", "activation", "isolation")
 
 
 def config_from_mapping(data: dict, *, toml: bool) -> ModelConfig:
@@ -186,6 +188,13 @@ def config_from_mapping(data: dict, *, toml: bool) -> ModelConfig:
         if data["activation"] not in choices:
             raise RepositoryError(f"activation must be one of {', '.join(choices)}, got {data['activation']!r}.")
         values["activation"] = data["activation"]
+    if "isolation" in data:
+        if data["isolation"] not in WORKER_ISOLATION_MODES:
+            raise RepositoryError(
+                f"isolation must be shared (its engine in the shared worker processes) or process (worker processes "
+                f"of its own), got {data['isolation']!r}."
+            )
+        values["isolation"] = data["isolation"]
     return ModelConfig(**values)
 
 

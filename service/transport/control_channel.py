@@ -40,6 +40,9 @@ REPORT_TIMEOUT_MS = 10_000
 # process's own verdict, never a report: no heartbeat, or one batch held far too long
 # (service/supervisor/pool/hangs.py).
 STARTING, READY, ERROR, UNRESPONSIVE = "starting", "ready", "error", "unresponsive"
+# Reported by a model slot of a shared worker process whose loop ended (its version drained, or the
+# main process stopped it): the process goes on serving its other models (service/worker/host.py).
+EXITED = "exited"
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,11 @@ class WorkerReport:
     (``detail``: why, for the load call or the startup error that answers for it)."""
 
     worker_id: int
-    state: str  # READY or ERROR
+    state: str  # READY, ERROR or EXITED
     detail: str = ""
+    # READY: what loading the model grew the worker process by (its engine, arena and warm-up), in bytes;
+    # 0 when unknown. The memory budget counts it (service/supervisor/pool/).
+    memory_bytes: int = 0
 
 
 ACK = b"ok"

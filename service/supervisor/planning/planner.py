@@ -267,6 +267,7 @@ def version_settings(settings: ServeSettings, name: str, artifact: Path, config:
         max_batch_size=config.max_batch_size or settings.max_batch_size,
         batch_timeout_ms=settings.batch_timeout_ms if config.batch_timeout_ms is None else config.batch_timeout_ms,
         activation=config.activation or settings.activation,
+        worker_isolation=config.isolation or settings.worker_isolation,
     )
 
 

@@ -23,6 +23,7 @@ class WorkerStates:
     def __init__(self) -> None:
         self._states: dict[int, str] = {}
         self._details: dict[int, str] = {}
+        self._memory: dict[int, int] = {}  # worker id -> bytes its READY report said loading took
         self._lock = threading.Lock()
         self.on_change: Callable[[], None] = lambda: None  # set once the table publisher exists
 
@@ -39,10 +40,16 @@ class WorkerStates:
         with self._lock:
             return self._details.get(worker_id, "")
 
+    def memory(self, worker_id: int) -> int:
+        """Bytes the worker's model took when it loaded, as it reported; 0 if unknown."""
+        with self._lock:
+            return self._memory.get(worker_id, 0)
+
     def set(self, worker_id: int, state: str | None) -> None:
         """Set a worker's state (STARTING when spawned); ``None``: it is gone for good."""
         with self._lock:
             self._details.pop(worker_id, None)
+            self._memory.pop(worker_id, None)
             if state is None:
                 self._states.pop(worker_id, None)
             else:
@@ -60,4 +67,6 @@ class WorkerStates:
             self._states[report.worker_id] = report.state
             if report.detail:
                 self._details[report.worker_id] = report.detail
+            if report.memory_bytes > 0:
+                self._memory[report.worker_id] = report.memory_bytes
         self.on_change()
