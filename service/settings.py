@@ -279,7 +279,7 @@ def check_repository(settings: ServeSettings) -> None:
             "--worker-isolation",
             settings.worker_isolation,
             "be shared (many models' engines in each worker process) or process (worker processes per model)",
-            "Leave it out for shared; set isolation = \"process\" in one model's config.toml to isolate only it.",
+            'Leave it out for shared; set isolation = "process" in one model\'s config.toml to isolate only it.',
         )
     if settings.memory_budget_mib < 0:
         raise SettingsError.must(

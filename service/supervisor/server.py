@@ -35,17 +35,19 @@ from service.settings import ServeSettings
 from service.supervisor.planning.layout import ServerLayout, server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 from service.supervisor.pool.hangs import hang_watch
+from service.supervisor.pool.hosts import WorkerHosts
 from service.supervisor.pool.repository_operations import RepositoryOperations
 from service.supervisor.pool.restarts import WorkerRestarter
 from service.supervisor.pool.states import WorkerStates
 from service.supervisor.pool.table_publisher import TablePublisher
-from service.supervisor.pool.workers import WorkerHooks, WorkerSet, spawn_worker
+from service.supervisor.pool.workers import WorkerHooks, WorkerSet
 from service.transport.channels import ChannelConfig
 from service.transport.control_channel import ERROR, READY, ControlServer
 from service.transport.heartbeats import FIELDS as HEARTBEAT_FIELDS
 from service.transport.heartbeats import HeartbeatBoard
 from service.uvicorn_bridge import ConnectionLimits, guarded_http_protocol
 from service.worker.entry import CLASSIFIER, WorkerEntry
+from service.worker.host import HostResources, SlotSpec
 from service.worker.loop import BatchPolicy, GreedyBatchedLoop
 
 logger = logging.getLogger(__name__)
@@ -100,8 +102,13 @@ class VisionLitServer(LitServerBridge):
         # Per HTTP process, the routing table generation it follows (-1: not started yet).
         self.table_acks = multiprocessing.Array("q", [-1] * layout.api_servers, lock=False)
         self.initial_plans = list(plans)
+        # The worker processes, each holding the engines of one model or of many (service/worker/host.py).
+        self.hosts = WorkerHosts(
+            lambda: HostResources(self.channels, self.running, self.heartbeats, os.getpid()),
+            self.heartbeat_board.clear,  # nothing of a predecessor's is read as the new worker's
+        )
         self.worker_hooks = WorkerHooks(
-            spawn=self.spawn_worker, make_entry=self.make_entry, device_slots=self.device_slots
+            spawn=self.hosts.place, make_entry=lambda plan: slot_spec(plan, model), device_slots=self.device_slots
         )
         self.pool_stopping = threading.Event()  # set on stop: a load's waits end at once
         # Every worker's state: changed by the pool and by the workers' reports over the control
@@ -118,7 +125,9 @@ class VisionLitServer(LitServerBridge):
         )
         self.states.on_change = self.table_publisher.publish_soon
         self.repository = RepositoryOperations(settings, layout, self.worker_set, self.table_publisher)
-        self.control = ControlServer(self.channels.directory, self.repository.handle, self.states.take_report)
+        self.control = ControlServer(
+            self.channels.directory, self.repository.handle, self.hosts.reports_to(self.states)
+        )
         # Before LitServer.__init__, which registers the routes that use it.
         self.frontend = HttpFrontEnd(settings, self.channels, self.running, self.table_acks, SERVER_VERSION)
         first = plans[0].serve_plan
@@ -133,25 +142,18 @@ class VisionLitServer(LitServerBridge):
         )
 
     def make_entry(self, plan: VersionPlan) -> WorkerEntry:
-        """The LitAPI a version's workers run: its settings, and the loop with its batch policy."""
-        settings = plan.serve_plan.settings
-        policy = BatchPolicy(
-            max_batch_size=settings.max_batch_size,
-            batch_timeout_s=settings.batch_timeout_ms / 1000,
-            pipeline_depth=settings.pipeline_depth,
-        )
-        loop = GreedyBatchedLoop(self.channels, policy, self.running, heartbeats=self.heartbeats)
-        return WorkerEntry(settings, loop, self.model_path)
-
-    def spawn_worker(self, entry: object, worker_id: int, device: object) -> BaseProcess:
-        self.heartbeat_board.clear(worker_id)  # nothing of a predecessor's is read as the new one's
-        return spawn_worker(entry, worker_id, device, self.channels.directory)
+        """The LitAPI LitServer is made with (its contract; our worker processes run ``slot_spec``'s)."""
+        spec = slot_spec(plan, self.model_path)
+        return WorkerEntry(spec.settings, GreedyBatchedLoop(self.channels, spec.policy), self.model_path)
 
     def launch_workers(self) -> list:
         # The control channel first: the workers report on it that they are ready.
         self.control.start()
         self.table_publisher.start()
-        return self.repository.start(self.initial_plans)
+        self.repository.start(self.initial_plans)
+        # What LitServe stops at shutdown: the worker processes themselves, not the slots in them
+        # (restarted ones are reaped after it: ``reap_children``).
+        return self.hosts.processes()
 
     def wait_for_first_worker(self) -> None:
         while True:
@@ -217,6 +219,17 @@ class VisionLitServer(LitServerBridge):
         logger.error("%s", message)
         self.exit_code = 1
         self.request_stop()
+
+
+def slot_spec(plan: VersionPlan, model_path: str) -> SlotSpec:
+    """What a version's workers run: its settings and batch policy, and the model class."""
+    settings = plan.serve_plan.settings
+    policy = BatchPolicy(
+        max_batch_size=settings.max_batch_size,
+        batch_timeout_s=settings.batch_timeout_ms / 1000,
+        pipeline_depth=settings.pipeline_depth,
+    )
+    return SlotSpec(settings, policy, model_path)
 
 
 def server_info(settings: ServeSettings, first: ServeSettings, devices: list, api_servers: int) -> dict:

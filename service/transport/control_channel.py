@@ -71,6 +71,7 @@ class WorkerReport:
     # READY: what loading the model grew the worker process by (its engine, arena and warm-up), in bytes;
     # 0 when unknown. The memory budget counts it (service/supervisor/pool/).
     memory_bytes: int = 0
+    exit_code: int = 0  # EXITED: 0 when its loop ended (drained or stopped), 1 when its model failed to load
 
 
 ACK = b"ok"

@@ -5,11 +5,13 @@ it forms batches (``BatchPolicy``); and what the worker process runs once the mo
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from service import _defaults
 from service.wire import Answer, ImageRequest
+from service.worker.turns import ModelTurns
 
 # What ``prepare`` hands to ``run``: the loop carries it between them and never looks inside.
 Prepared = TypeVar("Prepared")
@@ -38,8 +40,11 @@ class BatchedModel(Protocol[Prepared]):
 class WorkerLoop(Protocol):
     """What serves the loaded model in its worker process (service/worker/loop.py: ``GreedyBatchedLoop``)."""
 
-    def serve(self, model: BatchedModel, worker_id: int) -> None:
-        """Answer requests until the worker's version is retired (returns) or the process ends."""
+    def serve(
+        self, model: BatchedModel, worker_id: int, stop: threading.Event | None = None, turns: ModelTurns | None = None
+    ) -> None:
+        """Answer requests until the worker's version is retired or ``stop`` is set (returns), or the
+        process ends; ``turns``: shared with the other models of the process."""
         ...
 
 

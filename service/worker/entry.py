@@ -41,17 +41,34 @@ class WorkerEntry(ls.LitAPI):
         self.model = None  # set by setup, in the worker
 
     def setup(self, device: str) -> None:
+        """Set the process up and load the model (LitServe's contract: one model per process)."""
+        self.setup_process()
+        self.load_model(device)
+
+    def setup_process(self) -> None:
+        """What a worker process does once, before its first model: signals, logs, metrics, tracing."""
         # Ctrl-C in a terminal reaches the whole process group; the main process stops the server
         # in order (HTTP first, so in-flight requests get answers), so workers must not die first.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         configure_logging(self.settings.log_level, self.settings.log_format)  # a spawned process starts bare
         metrics()  # its series exist at 0 from the start, not from the first batch
-        module, _, name = self.model_path.partition(":")
         self._configure_tracing()
+
+    def load_model(self, device: str) -> None:
+        """Load this entry's model on ``device`` (``model``): each model of a shared process does."""
+        module, _, name = self.model_path.partition(":")
         model_class = getattr(importlib.import_module(module), name)
         adopt_torch_logger()  # the model's module imported torch, whose logger has a format of its own
         self.model = model_class.load(self.settings, device)
         freeze_startup_objects()
+
+    def release_model(self) -> None:
+        """Drop the model (its loop ended): what it held goes back to the process, and to the
+        machine where the allocator returns it (service/worker/host.py trims after)."""
+        model, self.model = self.model, None
+        release = getattr(model, "release", None)  # optional: service/worker/classifier.py
+        if release is not None:
+            release()
 
     def _configure_tracing(self) -> None:
         """Spans of the traced requests' stages here (service/tracing/), exported also when the

@@ -39,6 +39,7 @@ from service.worker.collector import BatchCollector
 from service.worker.contract import BatchedModel, BatchPolicy
 from service.worker.pipeline import PipelinedRunner
 from service.worker.runner import EXIT_DEVICE_UNUSABLE, BatchRunner
+from service.worker.turns import ModelTurns
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +71,21 @@ class GreedyBatchedLoop:
         self.exit_process = exit_process
         self.heartbeats = heartbeats
 
-    def serve(self, model: BatchedModel, worker_id: int) -> None:
-        """Answer requests from this worker's channel until the process ends."""
+    def serve(
+        self,
+        model: BatchedModel,
+        worker_id: int,
+        stop: threading.Event | None = None,
+        turns: ModelTurns | None = None,
+    ) -> None:
+        """Answer requests from this worker's channel until it is drained (or ``stop`` is set: the
+        main process stopped this model in a shared process); ``turns``: the process's, when it holds
+        other models too (service/worker/turns.py)."""
+        stop = stop or threading.Event()
         channel = WorkerChannel(self.channels, worker_id)
         collector = BatchCollector(channel, self.policy)
         heartbeat = None if self.heartbeats is None else Heartbeat(HeartbeatBoard(self.heartbeats), worker_id)
-        runner = BatchRunner(model, channel, worker_id, self.running, heartbeat)
+        runner = BatchRunner(model, channel, worker_id, self.running, heartbeat, turns)
         watch = getattr(model, "watch_other_workers", None)  # optional: service/worker/contract.py
         if watch is not None:
             watch(runner.others_idle)
@@ -83,15 +93,18 @@ class GreedyBatchedLoop:
             heartbeat.start()
         try:
             if self.policy.pipeline_depth > 1:
-                PipelinedRunner(collector, runner, self.policy.pipeline_depth - 1).serve(threading.Event())
+                PipelinedRunner(collector, runner, self.policy.pipeline_depth - 1).serve(stop)
             else:
-                while not channel.drained:
+                while not channel.drained and not stop.is_set():
                     batch = collector.get_batch()
                     if batch:
                         runner.run_batch(batch)
-            # Its version was replaced or unloaded, and every request it got is answered: the process
-            # ends here (``run_worker`` returns), and the main process frees its slot.
-            logger.info("Inference worker %d answered everything it was sent; exiting.", worker_id)
+            # Its version was replaced or unloaded, and every request it got is answered (or the main
+            # process stopped it): its loop ends here, and the process frees it (service/worker/host.py).
+            if channel.drained:
+                logger.info("Inference worker %d answered everything it was sent; exiting.", worker_id)
+            else:
+                logger.info("Inference worker %d stopped by the main process.", worker_id)
             channel.close(EXIT_ANSWER_LINGER_MS)
         except DeviceUnusable:
             channel.close(EXIT_ANSWER_LINGER_MS)  # the failed batch's 503s are queued: let them leave

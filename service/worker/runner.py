@@ -21,6 +21,7 @@ from service.transport.channels import WorkerChannel
 from service.transport.heartbeats import Heartbeat
 from service.wire import QueuedRequest, answer_for
 from service.worker.contract import BatchedModel, Prepared
+from service.worker.turns import ModelTurns, NoTurns
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class BatchRunner(Generic[Prepared]):
     ``running``: a shared array, per worker the size of the batch it runs now (0 when idle), from
     which the HTTP processes compute the queue depth; this worker writes its slot. ``heartbeat``:
     where the batch it holds is shown (from its prepare at pipeline depth 1, from its run at 2+).
+    ``turns``: the process's turns when it holds other models too (service/worker/turns.py): at depth 1
+    a batch takes its turn for its prepare and run, at 2+ for its run (its prepare overlaps others').
     """
 
     def __init__(
@@ -48,8 +51,10 @@ class BatchRunner(Generic[Prepared]):
         worker_id: int,
         running: MutableSequence[int] | None = None,
         heartbeat: Heartbeat | None = None,
+        turns: ModelTurns | NoTurns | None = None,
     ) -> None:
         self.model = model
+        self.turns = turns or NoTurns()
         self.channel = channel
         self.running = running
         self.heartbeat = heartbeat
@@ -66,8 +71,9 @@ class BatchRunner(Generic[Prepared]):
 
     def run_batch(self, batch: list[QueuedRequest]) -> None:
         """Prepare and run one batch, and answer it (pipeline depth 1)."""
-        self._hold()
-        self.finish(batch, self.prepare(batch))  # prepare never raises: finish releases the batch
+        with self.turns.turn():
+            self._hold()
+            self._finish(batch, self.prepare(batch))  # prepare never raises: finish releases the batch
 
     def prepare(self, batch: list[QueuedRequest]) -> Prepared | PrepareFailed:
         """``model.prepare`` of the requests, or the exception it raised (``finish`` answers it)."""
@@ -79,6 +85,10 @@ class BatchRunner(Generic[Prepared]):
     def finish(self, batch: list[QueuedRequest], ready: Prepared | PrepareFailed) -> None:
         """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
         failure broke the device."""
+        with self.turns.turn():
+            self._finish(batch, ready)
+
+    def _finish(self, batch: list[QueuedRequest], ready: Prepared | PrepareFailed) -> None:
         model, running = self.model, self.running
         if not self._holding:
             self._hold()

@@ -19,7 +19,8 @@ SECTION = "## Processes and what they share"
 CHANNEL_MAKERS = {
     "a ZeroMQ socket": re.compile(r"\.socket\(zmq\."),
     "shared memory": re.compile(r"\b(?:multiprocessing|mp)\.(?:Array|Value|RawArray|RawValue)\(|shared_memory"),
-    "a child process": re.compile(r"\bsubprocess\.Popen\(|get_context\(\"spawn\"\)\.Process\("),
+    "a child process": re.compile(r"\bsubprocess\.Popen\(|get_context\(\"spawn\"\)"),
+    "a pipe": re.compile(r"\.Pipe\("),
     "environment for children": re.compile(r"os\.environ\[[^\]]+\]\s*=|os\.environ\.update\("),
     "a manager process": re.compile(r"\bSyncManager\("),
     "Redis": re.compile(r"^import redis|^from redis", re.MULTILINE),
@@ -27,6 +28,7 @@ CHANNEL_MAKERS = {
 # Modules that match but make no channel between the server's own processes.
 NOT_SERVER_CHANNELS = {
     "service/client/launcher.py": "starts vision-serve for a caller (tests, benchmarks): the caller's process",
+    "service/tune/loadgen.py": "vision-tune's load-generating client processes: clients of the server, not part of it",
 }
 
 
@@ -67,7 +69,8 @@ def test_the_scan_finds_the_channels_it_is_meant_to() -> None:
     for module, kind in (
         ("service/transport/channels.py", "a ZeroMQ socket"),
         ("service/supervisor/server.py", "shared memory"),
-        ("service/supervisor/pool/workers.py", "a child process"),
+        ("service/supervisor/pool/hosts.py", "a child process"),
+        ("service/supervisor/pool/hosts.py", "a pipe"),
         ("service/supervisor/planning/launch.py", "a child process"),
         ("service/metrics.py", "environment for children"),
         ("service/litserve_bridge.py", "a manager process"),

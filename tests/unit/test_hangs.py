@@ -63,7 +63,7 @@ class Scene:
         self.spawned: list[int] = []
         self.watch = HangWatch(self.workers, self.board, rules, self.hung.append, self.clock)
 
-    def spawn(self, entry, worker_id: int, device) -> FakeProcess:
+    def spawn(self, entry, worker_id: int, device, ordinal: int = 0) -> FakeProcess:
         self.spawned.append(worker_id)
         self.board.clear(worker_id)
         return FakeProcess(pid=11)

@@ -81,7 +81,7 @@ class FakeLitServe:
     processes: dict[int, FakeProcess] = field(default_factory=dict)
     spawned: dict[int, int] = field(default_factory=dict)  # version -> workers spawned so far
 
-    def spawn(self, plan: VersionPlan, worker_id: int, device: object) -> FakeProcess:
+    def spawn(self, plan: VersionPlan, worker_id: int, device: object, ordinal: int = 0) -> FakeProcess:
         index = self.spawned.get(plan.version, 0)
         self.spawned[plan.version] = index + 1
         outcome = self.schedule[plan.version][index]

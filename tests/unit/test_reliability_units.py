@@ -192,7 +192,7 @@ def watch(pool: WorkerRestarter, stopped: list, rounds: list | None = None) -> N
 def test_restarter_replaces_a_dead_worker_and_stops_on_a_failed_setup() -> None:
     relaunched, stopped = [], []
 
-    def spawn(entry, worker_id: int, device) -> FakeProcess:
+    def spawn(entry, worker_id: int, device, ordinal: int = 0) -> FakeProcess:
         relaunched.append(worker_id)
         assert pool.workers.states.get(worker_id) == STARTING, "restarted workers start over"
         # The new worker's setup fails (say, the GPU is gone): it reports so, and exits.

@@ -1,15 +1,17 @@
-"""Worker readiness and failure travel one way: the worker's report over the supervisor's control
-channel, into the main process's ``WorkerStates``, out to the HTTP processes in the routing table.
+"""Worker processes and their model slots (service/worker/host.py, service/supervisor/pool/hosts.py):
+readiness, failure and a slot's end travel one way, the slot's report over the supervisor's control
+channel, into the main process's ``WorkerStates`` (and ``WorkerHosts`` for a slot's end), out to the
+HTTP processes in the routing table.
 
-Real processes and real sockets here (a spawned worker, the control channel's ZeroMQ socket), with a
-trivial model instead of a real one; tests/e2e/test_e2e.py and tests/e2e/test_model_repository.py
-check the same through a real server.
+Real processes and real sockets here (spawned worker processes, the control channel's ZeroMQ socket,
+each slot's request channel), with a trivial model instead of a real one; tests/e2e/test_e2e.py,
+tests/e2e/test_model_repository.py and tests/e2e/test_shared_workers.py check the same through a real
+server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -17,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from service.settings import ServeSettings
+from service.supervisor.pool.hosts import WorkerHosts
 from service.supervisor.pool.states import WorkerStates
+from service.transport.channels import ChannelConfig
 from service.transport.control_channel import (
     ERROR,
     READY,
@@ -29,79 +33,134 @@ from service.transport.control_channel import (
     call_main_process,
     report_to_main_process,
 )
-from service.worker.entry import WorkerEntry
-from service.worker.process import EXIT_SETUP_FAILED, run_worker
+from service.wire import Answer
+from service.worker.contract import BatchPolicy
+from service.worker.host import EXIT_SETUP_FAILED, HostResources, SlotSpec
 
 
 class TrivialModel:
-    """What ``WorkerEntry.setup`` loads: a model that names its device, or fails on "broken"."""
-
-    def __init__(self, device: str) -> None:
-        self.device = device
+    """What a slot loads: a model that answers nothing, or fails to load when named "broken"."""
 
     @classmethod
     def load(cls, settings: ServeSettings, device: str) -> TrivialModel:
-        if device == "broken":
+        if settings.name == "broken":
             raise RuntimeError("CUDA out of memory")
-        return cls(device)
+        return cls()
+
+    def prepare(self, requests: list) -> list:
+        return requests
+
+    def run(self, prepared: list) -> list[Answer]:
+        return [Answer() for _ in prepared]
+
+    def unusable_device(self) -> str | None:
+        return None
 
 
-class RecordingLoop:
-    """Writes what it was given to serve into a file, then returns (the worker then exits 0)."""
-
-    def __init__(self, record: str) -> None:
-        self.record = record
-
-    def serve(self, model: TrivialModel, worker_id: int) -> None:
-        Path(self.record).write_text(f"{worker_id} {os.getpid()} {model.device}")
+def spec(name: str = "lite", isolation: str = "shared") -> SlotSpec:
+    settings = ServeSettings(name=name, worker_isolation=isolation)
+    return SlotSpec(settings, BatchPolicy(max_batch_size=4), f"{__name__}:TrivialModel")
 
 
-def spawned_worker(tmp_path: Path, device: str, worker_id: int) -> multiprocessing.Process:
-    entry = WorkerEntry(ServeSettings(), RecordingLoop(str(tmp_path / "record")), f"{__name__}:TrivialModel")
-    process = multiprocessing.get_context("spawn").Process(
-        target=run_worker, args=(entry, device, worker_id, str(tmp_path), os.getpid())
-    )
-    process.start()
-    return process
+def wait_for(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 @pytest.fixture
 def main_process(tmp_path: Path):
-    """The main process's end: the control server feeding a ``WorkerStates``, with workers 3 and 4 known."""
+    """The main process's end: the control server feeding ``WorkerStates`` and ``WorkerHosts``."""
     states = WorkerStates()
-    changes: list[dict[int, str]] = []
-    states.on_change = lambda: changes.append(states.snapshot())
-    states.set(3, STARTING)
-    states.set(4, STARTING)
+    channels = ChannelConfig(str(tmp_path), api_servers=1)
+    hosts = WorkerHosts(lambda: HostResources(channels, None, None, os.getpid()))
     server = ControlServer(
-        str(tmp_path), lambda request: ControlReply(index=[{"name": request.model}]), states.take_report
+        str(tmp_path), lambda request: ControlReply(index=[{"name": request.model}]), hosts.reports_to(states)
     )
     server.start()
-    yield states, changes
+    yield states, hosts
+    for process in hosts.processes():
+        process.kill()
+        process.join()
     server.stop()
 
 
-def test_a_worker_reports_ready_then_serves_its_model(tmp_path: Path, main_process) -> None:
-    states, changes = main_process
-    process = spawned_worker(tmp_path, "cpu", 3)
-    process.join(60)
-    assert process.exitcode == 0
-    worker_id, pid, device = (tmp_path / "record").read_text().split()
-    assert (int(worker_id), int(pid), device) == (3, process.pid, "cpu")
-    assert states.get(3) == READY and changes[-1] == {3: READY, 4: STARTING}, "READY is reported before serving"
+def place(states: WorkerStates, hosts: WorkerHosts, worker_id: int, slot: SlotSpec, ordinal: int = 0):
+    states.set(worker_id, STARTING)
+    return hosts.place(slot, worker_id, "cpu", ordinal)
 
 
-def test_a_failed_setup_is_reported_with_its_reason_and_the_worker_exits(tmp_path: Path, main_process) -> None:
-    states, _changes = main_process
-    process = spawned_worker(tmp_path, "broken", 4)
-    process.join(60)
-    assert process.exitcode == EXIT_SETUP_FAILED
-    assert states.get(4) == ERROR and states.detail(4) == "RuntimeError: CUDA out of memory"
-    assert not (tmp_path / "record").exists(), "a worker whose setup failed never serves"
+def test_shared_slots_load_in_one_process_and_a_failing_model_fails_alone(main_process) -> None:
+    states, hosts = main_process
+    first = place(states, hosts, 0, spec("lite"))
+    second = place(states, hosts, 1, spec("pets"))
+    broken = place(states, hosts, 2, spec("broken"))
+    wait_for(lambda: states.get(0) == READY and states.get(1) == READY and states.get(2) == ERROR)
+    assert first.pid == second.pid == broken.pid, "one worker process holds every shared model"
+    assert states.detail(2) == "RuntimeError: CUDA out of memory"
+    wait_for(lambda: not broken.is_alive())
+    assert broken.exitcode == EXIT_SETUP_FAILED, "its slot ended, with the load's failure"
+    assert first.is_alive() and second.is_alive() and first.host.alive(), "the others serve on"
+    other_device = place(states, hosts, 3, spec("lite"), ordinal=1)
+    wait_for(lambda: states.get(3) == READY)
+    assert other_device.pid != first.pid, "a version's second worker goes to the second process"
+
+
+def test_a_stopped_slot_ends_and_its_process_serves_on(main_process) -> None:
+    states, hosts = main_process
+    kept = place(states, hosts, 0, spec("lite"))
+    stopped = place(states, hosts, 1, spec("pets"))
+    wait_for(lambda: states.get(0) == READY and states.get(1) == READY)
+    stopped.terminate()
+    stopped.join(10)
+    assert not stopped.is_alive() and stopped.exitcode == 0
+    assert kept.is_alive() and kept.host.alive()
+    again = place(states, hosts, 2, spec("pets"))  # a load into the process that is still there
+    wait_for(lambda: states.get(2) == READY)
+    assert again.pid == kept.pid
+
+
+def test_killing_a_slot_ends_its_process_and_so_its_neighbours(main_process) -> None:
+    states, hosts = main_process
+    hung = place(states, hosts, 0, spec("lite"))
+    neighbour = place(states, hosts, 1, spec("pets"))
+    wait_for(lambda: states.get(0) == READY and states.get(1) == READY)
+    hung.kill()
+    hung.join(10)
+    assert not hung.is_alive() and not neighbour.is_alive(), "a thread cannot be killed: its process is"
+    restarted = place(states, hosts, 1, spec("pets"))
+    wait_for(lambda: states.get(1) == READY)
+    assert restarted.pid != neighbour.pid and restarted.is_alive(), "a restart starts a new process"
+
+
+def test_an_isolated_model_gets_a_process_of_its_own_that_ends_with_it(main_process) -> None:
+    states, hosts = main_process
+    shared = place(states, hosts, 0, spec("lite"))
+    own = place(states, hosts, 1, spec("big", isolation="process"))
+    failed = place(states, hosts, 2, spec("broken", isolation="process"))
+    wait_for(lambda: states.get(0) == READY and states.get(1) == READY and states.get(2) == ERROR)
+    assert len({shared.pid, own.pid, failed.pid}) == 3
+    failed.host.process.join(30)
+    assert failed.host.process.exitcode == EXIT_SETUP_FAILED, "its state and its process's exit agree"
+    own.terminate()
+    own.host.process.join(30)
+    assert own.host.process.exitcode == 0 and shared.is_alive()
+
+
+def test_a_ready_report_carries_what_the_load_took(tmp_path: Path, main_process) -> None:
+    states, hosts = main_process
+    place(states, hosts, 0, spec("lite"))
+    wait_for(lambda: states.get(0) == READY)
+    assert report_to_main_process(str(tmp_path), WorkerReport(0, READY, memory_bytes=123 << 20))
+    assert states.memory(0) == 123 << 20
+    states.set(0, STARTING)  # restarted: the old measure no longer holds
+    assert states.memory(0) == 0
 
 
 def test_repository_calls_share_the_channel_with_the_reports(tmp_path: Path, main_process) -> None:
-    states, _changes = main_process
+    states, _hosts = main_process
+    states.set(3, STARTING)
     reply = asyncio.run(call_main_process(str(tmp_path), ControlRequest("index", model="pets"), timeout_s=10))
     assert reply == ControlReply(index=[{"name": "pets"}])
     assert report_to_main_process(str(tmp_path), WorkerReport(3, READY)) and states.get(3) == READY

@@ -81,7 +81,7 @@ class WorkerRestarter:
                 metrics_restart(worker.process)
                 try:
                     self.workers.states.set(worker.worker_id, STARTING)
-                    worker.process = self.hooks.spawn(worker.entry, worker.worker_id, worker.device)
+                    worker.process = self.hooks.spawn(worker.entry, worker.worker_id, worker.device, worker.ordinal)
                 except Exception as exc:
                     self.on_unrecoverable(
                         f"Inference worker {worker.worker_id} could not be restarted ({exc!r}); stopping the server."

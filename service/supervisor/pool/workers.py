@@ -1,8 +1,9 @@
-"""The inference worker processes of the main process, by model version: ``WorkerSet`` starts a
-planned version's workers, waits until they are ready, lets retired ones drain, and stops them.
+"""The inference workers of the main process, by model version: ``WorkerSet`` starts a planned
+version's workers, waits until they are ready, lets retired ones drain, and stops them.
 
-Every inference worker is started here (``spawn_worker``: a spawned process running service/worker/
-process.py), each with a worker id never used before. Which versions serve and which workers drain
+Every inference worker is started here, each with a worker id never used before: a model slot in a
+worker process (service/supervisor/pool/hosts.py places it, service/worker/host.py runs it), which
+the set handles as a process of its own. Which versions serve and which workers drain
 is the set's state; each worker's readiness is in ``WorkerStates`` (service/supervisor/pool/states.py);
 the routing table is made from both (service/supervisor/pool/table_publisher.py).
 """
@@ -10,8 +11,6 @@ the routing table is made from both (service/supervisor/pool/table_publisher.py)
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from service.settings import ServeSettings
 from service.supervisor.planning.plans import VersionPlan
 from service.supervisor.pool.states import WorkerStates
 from service.transport.control_channel import ERROR, READY, STARTING
-from service.worker.process import run_worker
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +31,9 @@ POLL_INTERVAL_S = 0.1
 DRAIN_GRACE_S = 5.0
 # How long a draining worker that crashed stays marked failed: a few polls of the HTTP processes.
 CRASH_NOTICE_S = 0.5
+# How long stopped workers get to end before they are killed (their process with them).
+STOP_TIMEOUT_S = 5.0
+SHARED_STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -41,8 +42,9 @@ class Worker:
     name: str
     version: int
     device: object  # its device, as LitServe lays them out: "cpu", "cuda:0", or a list of them
-    process: BaseProcess
-    entry: object  # the WorkerEntry it runs
+    process: BaseProcess  # or what stands for one: its slot in a worker process (hosts.py's SlotProcess)
+    entry: object  # the SlotSpec it runs (service/worker/host.py)
+    ordinal: int = 0  # the how-manieth of its version's workers on its device: which shared process holds it
 
 
 @dataclass
@@ -56,21 +58,12 @@ class ServedVersion:
         )
 
 
-def spawn_worker(entry: object, worker_id: int, device: object, channels_directory: str) -> BaseProcess:
-    """Start an inference worker process for ``entry`` (its ``WorkerEntry``) on ``device``."""
-    process = multiprocessing.get_context("spawn").Process(
-        target=run_worker, args=(entry, device, worker_id, channels_directory, os.getpid()), name="inference-worker"
-    )
-    process.start()
-    return process
-
-
 @dataclass(frozen=True)
 class WorkerHooks:
     """What the pool needs of the server (service/supervisor/server.py binds them)."""
 
-    spawn: Callable[[object, int, object], BaseProcess]  # (entry, worker id, device) -> started process
-    make_entry: Callable[[VersionPlan], object]  # the WorkerEntry of a planned version
+    spawn: Callable[[object, int, object, int], BaseProcess]  # (entry, worker id, device, ordinal) -> started
+    make_entry: Callable[[VersionPlan], object]  # the SlotSpec of a planned version
     device_slots: Callable[[int], list[object]]  # workers per device -> one device per worker
 
 
@@ -138,12 +131,14 @@ class WorkerSet:
         version = ServedVersion(plan)
         entry = self.hooks.make_entry(plan)
         with self._lock:
+            seen: dict[str, int] = {}
             for device in self.hooks.device_slots(plan.serve_plan.settings.workers_per_device):
                 worker_id = self._next_worker_id
                 self._next_worker_id += 1
+                ordinal = seen[str(device)] = seen.get(str(device), -1) + 1
                 self.states.set(worker_id, STARTING)
-                process = self.hooks.spawn(entry, worker_id, device)
-                version.workers.append(Worker(worker_id, plan.name, plan.version, device, process, entry))
+                process = self.hooks.spawn(entry, worker_id, device, ordinal)
+                version.workers.append(Worker(worker_id, plan.name, plan.version, device, process, entry, ordinal))
         logger.info(
             "Started %d worker(s) for model %s version %d: ids %s.",
             len(version.workers),
@@ -204,8 +199,13 @@ class WorkerSet:
         for worker in workers:
             if worker.process.is_alive():
                 worker.process.terminate()
+        started = time.monotonic()
         for worker in workers:
-            worker.process.join(5.0)
+            # A slot of a shared process ends after the batch it runs, which may be long on a CPU;
+            # killing it would kill the process's other models too.
+            limit = SHARED_STOP_TIMEOUT_S if getattr(worker.process, "shared", False) else STOP_TIMEOUT_S
+            worker.process.join(max(0.0, started + limit - time.monotonic()))
+        for worker in workers:
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join()
@@ -213,4 +213,5 @@ class WorkerSet:
             for worker in workers:
                 self.draining.pop(worker.worker_id, None)
                 self.states.set(worker.worker_id, None)
-                remove_unpacked_of(worker.process.pid)
+                if not getattr(worker.process, "shared", False):  # a shared process's files are its other models' too
+                    remove_unpacked_of(worker.process.pid)
