@@ -255,3 +255,36 @@ def test_workers_it_chose_give_way_to_memory_and_workers_set_are_refused(monkeyp
     assert "free memory holds no more" in fitted.serve_plan.model.sizing["why"]
     with pytest.raises(ValueError, match="Not enough memory"):
         planner.plan_repository(ServeSettings(model="resnet152", weights="random", workers_per_device=2), cuda_count=0)
+
+
+@pytest.mark.parametrize(
+    ("configs", "cores_given"),
+    [
+        ({}, {"birds": 8, "lite": 8, "pets": 8}),  # one shared group: they take turns on every core
+        ({"pets": 'isolation = "process"\n'}, {"birds": 4, "lite": 4, "pets": 4}),  # the group and pets
+        (
+            {"pets": 'isolation = "process"\n', "birds": 'isolation = "process"\n'},
+            {"birds": 2, "lite": 2, "pets": 2},  # three processes' worth
+        ),
+    ],
+)
+def test_models_in_shared_processes_share_the_cores_once(tmp_path, monkeypatch, configs, cores_given) -> None:
+    """Versions that start together share the cores: the ones in shared worker processes count once
+    (their batches take turns), each isolated version once more."""
+    from service.supervisor.planning import planner
+
+    for name in ("birds", "lite", "pets"):
+        (tmp_path / name / "1").mkdir(parents=True)
+    for name, text in configs.items():
+        (tmp_path / name / "config.toml").write_text(text)
+    given = {}
+
+    def plan_serving(settings, cuda_count, cores):
+        given[settings.name] = cores
+        return settings
+
+    monkeypatch.setattr(planner, "usable_cores", lambda: 8)
+    monkeypatch.setattr(planner, "plan_serving", plan_serving)
+    monkeypatch.setattr(planner, "check_memory", lambda plans: None)
+    planner.plan_repository(ServeSettings(model_repository=str(tmp_path)), cuda_count=0)
+    assert given == cores_given

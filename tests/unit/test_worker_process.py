@@ -21,7 +21,7 @@ import pytest
 from service.settings import ServeSettings
 from service.supervisor.pool.hosts import WorkerHosts
 from service.supervisor.pool.states import WorkerStates
-from service.transport.channels import ChannelConfig
+from service.transport.channels import ApiChannel, ChannelConfig
 from service.transport.control_channel import (
     ERROR,
     READY,
@@ -33,25 +33,31 @@ from service.transport.control_channel import (
     call_main_process,
     report_to_main_process,
 )
-from service.wire import Answer
+from service.wire import Answer, ImageRequest
 from service.worker.contract import BatchPolicy
 from service.worker.host import EXIT_SETUP_FAILED, HostResources, SlotSpec
 
 
 class TrivialModel:
-    """What a slot loads: a model that answers nothing, or fails to load when named "broken"."""
+    """What a slot loads: a model that answers each image with its bytes and its own name; it fails to
+    load when named "broken", and fails every batch when named "failing"."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     @classmethod
     def load(cls, settings: ServeSettings, device: str) -> TrivialModel:
         if settings.name == "broken":
             raise RuntimeError("CUDA out of memory")
-        return cls()
+        return cls(settings.name)
 
     def prepare(self, requests: list) -> list:
         return requests
 
     def run(self, prepared: list) -> list[Answer]:
-        return [Answer() for _ in prepared]
+        if self.name == "failing":
+            raise RuntimeError("the engine failed")
+        return [Answer(predictions=((0, request.image.decode(), 1.0),), model=self.name) for request in prepared]
 
     def unusable_device(self) -> str | None:
         return None
@@ -105,6 +111,29 @@ def test_shared_slots_load_in_one_process_and_a_failing_model_fails_alone(main_p
     other_device = place(states, hosts, 3, spec("lite"), ordinal=1)
     wait_for(lambda: states.get(3) == READY)
     assert other_device.pid != first.pid, "a version's second worker goes to the second process"
+
+
+def test_a_model_whose_engine_fails_fails_only_its_own_requests(tmp_path: Path, main_process) -> None:
+    states, hosts = main_process
+    healthy = place(states, hosts, 0, spec("lite"))
+    failing = place(states, hosts, 1, spec("failing"))
+    wait_for(lambda: states.get(0) == READY and states.get(1) == READY)
+    assert healthy.pid == failing.pid
+
+    async def scenario() -> list[Answer]:
+        api = ApiChannel(ChannelConfig(str(tmp_path), api_servers=1), 0)
+        receiving = asyncio.create_task(api.receive_answers())
+        try:
+            requests = [api.submit(worker, uid, ImageRequest(b"cat")) for uid, worker in enumerate((0, 1, 0, 1, 0))]
+            return await asyncio.wait_for(asyncio.gather(*requests), 30)
+        finally:
+            receiving.cancel()
+            api.close()
+
+    answers = asyncio.run(scenario())
+    assert [answer.status_code for answer in answers] == [200, 500, 200, 500, 200]
+    assert {(answer.model, answer.predictions[0][1]) for answer in answers[::2]} == {("lite", "cat")}
+    assert healthy.is_alive() and failing.is_alive(), "a failing batch ends neither slot"
 
 
 def test_a_stopped_slot_ends_and_its_process_serves_on(main_process) -> None:

@@ -293,7 +293,11 @@ def plan_repository(
             for version in config.policy.select(list(folder.versions)):
                 chosen.append((folder, version, config))
         # The versions that start together share the cores; a later load sizes its own as if alone.
-        cores = max(1, usable_cores() // max(1, len(chosen)))
+        # Versions in shared worker processes take turns there (service/worker/turns.py): together
+        # they count once, each on every core of its processes.
+        isolated = sum((config.isolation or settings.worker_isolation) == "process" for _, _, config in chosen)
+        groups = isolated + (isolated < len(chosen))
+        cores = max(1, usable_cores() // max(1, groups))
         plans = []
         for folder, version, config in chosen:
             try:
