@@ -34,7 +34,9 @@ Parts (``--parts``, comma-separated):
 * ``fairness``: two models; the light one B gets a Poisson stream at ``--fairness-rate`` (default: a
   tenth of what a closed loop of 10 connections gets from A alone, measured first, over 11), served
   alone, and beside a heavy client (10 connections, closed loop, to A, in a separate process:
-  ``service.tune.loadgen``'s CLI); runs alternate; B's p99 beside A over B's p99 alone (target <= 2).
+  ``service.tune.loadgen``'s CLI); runs alternate; B's p99 beside A over B's p99 alone (target <= 2),
+  medians of the runs' p99s, and the p99 and p95 of every run's answers pooled (a run of ~100 light
+  requests has about its largest answer for its p99).
 * ``cold``: ``--cold-models`` models under ``--model-control none --memory-budget-mib
   --cold-budget-mib``; each model's first request, then ``--cold-next`` more, then a second pass of
   first requests. On-demand loading is detected, not assumed: a first answer slower than
@@ -86,7 +88,7 @@ from benchmarks.harness.tree_memory import available_mib, linear_fit, settled_tr
 from compile import sample_photo_file
 from service._defaults import WORKER_ISOLATION_MODES
 from service.tune.images import IMAGENET_SIZE, photo_jpegs, write_benchmark_images
-from service.tune.loadgen import CLOSED, OPEN, POISSON, TIMING_PARTS, LoadResult, LoadSpec, run_load
+from service.tune.loadgen import CLOSED, OPEN, POISSON, TIMING_PARTS, LoadResult, LoadSpec, percentile, run_load
 
 logger = logging.getLogger(__name__)
 
@@ -446,6 +448,15 @@ def part_fairness(ctx: Context) -> dict:
         for arm in ("alone", "beside heavy")
     }
     heavy_rate = median_of([r for r in runs if r["arm"] == "beside heavy"], "heavy_rps")
+    # A run of ~100 light requests has the largest for its p99: every run's answers pooled, per arm, too.
+    pooled = {
+        arm: sorted(latency for r in runs if r["arm"] == arm for latency in r["latencies_ms"])
+        for arm in ("alone", "beside heavy")
+    }
+    pooled_p = {
+        arm: {"answers": len(values), "p95_ms": percentile(values, 0.95), "p99_ms": percentile(values, 0.99)}
+        for arm, values in pooled.items()
+    }
     return {
         "start_s": start_s,
         "light_rate_rps": rate,
@@ -455,6 +466,9 @@ def part_fairness(ctx: Context) -> dict:
         "heavy_rps": heavy_rate,
         "traffic_ratio": heavy_rate / medians["beside heavy"]["throughput_rps"],
         "ratio": medians["beside heavy"]["p99_ms"] / medians["alone"]["p99_ms"],
+        "pooled": pooled_p,
+        "pooled_p99_ratio": pooled_p["beside heavy"]["p99_ms"] / pooled_p["alone"]["p99_ms"],
+        "pooled_p95_ratio": pooled_p["beside heavy"]["p95_ms"] / pooled_p["alone"]["p95_ms"],
         "runs": runs,
     }
 
@@ -463,7 +477,8 @@ def light_run(ctx: Context, url: str, arm: str, spec: LoadSpec, images_dir: Path
     heavy, light = model_names(2)
     light_url = f"{url}/predict?model={light}"
     if arm == "alone":
-        record = load_summary(run_load(light_url, ctx.images, spec))
+        result = run_load(light_url, ctx.images, spec)
+        record = {**load_summary(result), "latencies_ms": [round(s.latency_ms, 1) for s in result.ok]}
         logger.info("fairness, B alone at %.1f/s: p99 %.0f ms", spec.rate, record["p99_ms"])
         return record
     process = heavy_client(f"{url}/predict?model={heavy}", images_dir, spec.max_seconds + 120, ctx.work / "heavy.json")
@@ -475,7 +490,7 @@ def light_run(ctx: Context, url: str, arm: str, spec: LoadSpec, images_dir: Path
     finally:
         process.terminate()  # its own loop would run on: it was given time to spare
         process.wait(30)
-    record = load_summary(result)
+    record = {**load_summary(result), "latencies_ms": [round(s.latency_ms, 1) for s in result.ok]}
     record["heavy_rps"] = heavy_images / result.elapsed_s
     logger.info("fairness, B beside A (%.1f img/s): p99 %.0f ms", record["heavy_rps"], record["p99_ms"])
     return record
@@ -746,7 +761,15 @@ def render(record: dict) -> str:
                 f"{fmt(r.get('heavy_rps'), '.1f')} | {r['errors']} |"
             )
         lines.append("")
-        lines.append(f"A's traffic / B's beside it: {fmt(fairness['traffic_ratio'], '.1f')}x.")
+        pooled = fairness["pooled"]
+        lines.append(
+            f"A's traffic / B's beside it: {fmt(fairness['traffic_ratio'], '.1f')}x. Every run's answers pooled "
+            f"({pooled['alone']['answers']} alone, {pooled['beside heavy']['answers']} beside A): B's p99 "
+            f"{fmt(pooled['beside heavy']['p99_ms'])} / {fmt(pooled['alone']['p99_ms'])} ms = "
+            f"{fmt(fairness['pooled_p99_ratio'], '.2f')}, p95 {fmt(pooled['beside heavy']['p95_ms'])} / "
+            f"{fmt(pooled['alone']['p95_ms'])} ms = {fmt(fairness['pooled_p95_ratio'], '.2f')} (a run's p99 is about "
+            "its largest answer)."
+        )
     if cold and "per_model" in cold:
         lines += [
             "",
