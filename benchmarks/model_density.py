@@ -86,7 +86,6 @@ from benchmarks.harness.spread_load import run_spread
 from benchmarks.harness.suite import DEFAULT_WORK_DIR
 from benchmarks.harness.tree_memory import available_mib, linear_fit, settled_tree_memory
 from compile import sample_photo_file
-from service._defaults import WORKER_ISOLATION_MODES
 from service.tune.images import IMAGENET_SIZE, photo_jpegs, write_benchmark_images
 from service.tune.loadgen import CLOSED, OPEN, POISSON, TIMING_PARTS, LoadResult, LoadSpec, percentile, run_load
 
@@ -834,7 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model_density", description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--parts", type=part_list, default=list(DEFAULT_PARTS), help=f"some of {','.join(PARTS)}")
-    add("--worker-isolation", choices=WORKER_ISOLATION_MODES, default="shared", help="passed to vision-serve")
+    add("--worker-isolation", choices=("shared", "process"), default="shared", help="passed to vision-serve")
     add("--server-args", default="", help="more vision-serve flags, one string (e.g. '--workers-per-device 1')")
     add("--runs", type=int, default=2, help="alternating runs per comparison (medians)")
     add("--memory-runs", type=int, default=1, help="memory: runs over the sizes (alternating ascending, descending)")

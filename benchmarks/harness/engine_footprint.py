@@ -29,8 +29,8 @@ def rss_bytes() -> int:
 def measure(artifact: Path) -> dict:
     import torch
 
-    from compile.manifest import read_manifest
-    from service.worker.engine import load_artifact
+    from compile import read_manifest
+    from service.testing import load_artifact
 
     torch.set_num_threads(1)  # as a worker on a shared CPU; the workspace barely depends on it
     base = rss_bytes()
