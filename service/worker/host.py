@@ -111,7 +111,7 @@ class WorkerHost:
     @property
     def slots(self) -> int:
         with self._lock:
-            return sum(thread.is_alive() for thread in self._threads.values())
+            return len(self._threads)
 
     def start(self, slot: LoadSlot) -> None:
         stop = threading.Event()
@@ -161,6 +161,7 @@ class WorkerHost:
             self._free(entry)
             with self._lock:
                 self._stops.pop(worker_id, None)
+                self._threads.pop(worker_id, None)
             self._report(WorkerReport(worker_id, EXITED, exit_code=exit_code))
 
     def _free(self, entry: WorkerEntry) -> None:

@@ -139,6 +139,8 @@ class WorkerHosts:
         key: HostKey = (str(device), ordinal) if shared else (OWN, worker_id)
         slot = LoadSlot(worker_id, spec)
         with self._lock:
+            # Processes that ended (an isolated model's, or a crashed one) are forgotten: ids grow forever.
+            self._hosts = {known: host for known, host in self._hosts.items() if host.alive()}
             host = self._hosts.get(key)
             if host is None or not host.alive() or not host.send(slot):
                 host = self._start(device, slot, shared)
@@ -161,7 +163,7 @@ class WorkerHosts:
     def take_exit(self, report: WorkerReport) -> None:
         """A slot's EXITED report (from the control channel's thread)."""
         with self._lock:
-            handle = self._slots.get(report.worker_id)
+            handle = self._slots.pop(report.worker_id, None)  # its loop is over: a restart makes a new one
         if handle is not None:
             handle.exited(report.exit_code)
 
@@ -176,17 +178,7 @@ class WorkerHosts:
 
         return take
 
-    def forget(self, worker_id: int) -> None:
-        with self._lock:
-            self._slots.pop(worker_id, None)
-
     def processes(self) -> list[BaseProcess]:
         """Every worker process started and not yet reaped (for the server's stop)."""
         with self._lock:
             return [host.process for host in self._hosts.values()]
-
-    def close(self) -> None:
-        """Close every command pipe: each worker process then ends (the server stops)."""
-        with self._lock:
-            for host in self._hosts.values():
-                host.commands.close()
