@@ -280,12 +280,18 @@ def test_a_worker_started_by_a_load_is_restarted_when_it_dies(server, repository
         time.sleep(0.25)
     for process in inference_workers(server):
         process.kill()
+    image, expected = finetuned.held_back[0]
     deadline = time.monotonic() + 120
-    while not (restarted(server) and server_ready(server)):
+    # /ready alone would not do: until the restarter sees the deaths, the table still says ready.
+    while not (
+        restarted(server)
+        and server_ready(server)
+        and predict(server, image, "?model=pets").status_code == 200
+        and predict(server, coffee_jpeg).status_code == 200
+    ):
         assert time.monotonic() < deadline, "the killed workers were not restarted"
         time.sleep(0.25)
     assert ready_workers(server) == workers, "restarted with the same worker ids"
-    image, expected = finetuned.held_back[0]
     assert predict(server, image, "?model=pets").json()["predictions"][0]["label"] == expected
     assert predict(server, coffee_jpeg).json()["predictions"][0]["label"] == "espresso"
 

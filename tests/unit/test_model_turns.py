@@ -5,16 +5,9 @@ ahead of one already waiting."""
 from __future__ import annotations
 
 import threading
-import time
 
 from service.worker.turns import ModelTurns
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.001)
+from tests.worker_hold import wait_until
 
 
 def test_a_hot_model_that_asks_again_at_once_waits_behind_a_cold_one() -> None:
@@ -28,7 +21,9 @@ def test_a_hot_model_that_asks_again_at_once_waits_behind_a_cold_one() -> None:
                 order.append("hot")
                 if batch == 0:
                     cold_asked.set()
-                    wait_for(lambda: turns.waiting == 1)  # the cold model waits for this batch to end
+                    wait_until(
+                        lambda: turns.waiting == 1, "the cold model waits"
+                    )  # the cold model waits for this batch to end
             # and asks again at once, as a loop with a full queue does
 
     def cold() -> None:
@@ -68,7 +63,9 @@ def test_turns_are_handed_over_in_the_order_they_were_asked_and_one_at_a_time() 
         thread = threading.Thread(target=model, args=(number,))
         thread.start()
         threads.append(thread)
-        wait_for(lambda number=number: turns.waiting == number)  # each asks after the one before
+        wait_until(
+            lambda number=number: turns.waiting == number, f"{number} models wait"
+        )  # each asks after the one before
     release_first.set()
     for thread in threads:
         thread.join(10)

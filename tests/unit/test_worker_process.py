@@ -36,6 +36,7 @@ from service.transport.control_channel import (
 from service.wire import Answer, ImageRequest
 from service.worker.contract import BatchPolicy
 from service.worker.host import EXIT_SETUP_FAILED, HostResources, SlotSpec
+from tests.worker_hold import wait_until
 
 
 class TrivialModel:
@@ -68,13 +69,6 @@ def spec(name: str = "lite", isolation: str = "shared") -> SlotSpec:
     return SlotSpec(settings, BatchPolicy(max_batch_size=4), f"{__name__}:TrivialModel")
 
 
-def wait_for(condition, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def main_process(tmp_path: Path):
     """The main process's end: the control server feeding ``WorkerStates`` and ``WorkerHosts``."""
@@ -102,14 +96,17 @@ def test_shared_slots_load_in_one_process_and_a_failing_model_fails_alone(main_p
     first = place(states, hosts, 0, spec("lite"))
     second = place(states, hosts, 1, spec("pets"))
     broken = place(states, hosts, 2, spec("broken"))
-    wait_for(lambda: states.get(0) == READY and states.get(1) == READY and states.get(2) == ERROR)
+    wait_until(
+        lambda: states.get(0) == READY and states.get(1) == READY and states.get(2) == ERROR,
+        "workers 0, 1 ready and 2 failed",
+    )
     assert first.pid == second.pid == broken.pid, "one worker process holds every shared model"
     assert states.detail(2) == "RuntimeError: CUDA out of memory"
-    wait_for(lambda: not broken.is_alive())
+    wait_until(lambda: not broken.is_alive(), "the broken slot ended")
     assert broken.exitcode == EXIT_SETUP_FAILED, "its slot ended, with the load's failure"
     assert first.is_alive() and second.is_alive() and first.host.alive(), "the others serve on"
     other_device = place(states, hosts, 3, spec("lite"), ordinal=1)
-    wait_for(lambda: states.get(3) == READY)
+    wait_until(lambda: states.get(3) == READY, "worker 3 is ready")
     assert other_device.pid != first.pid, "a version's second worker goes to the second process"
 
 
@@ -117,7 +114,7 @@ def test_a_model_whose_engine_fails_fails_only_its_own_requests(tmp_path: Path, 
     states, hosts = main_process
     healthy = place(states, hosts, 0, spec("lite"))
     failing = place(states, hosts, 1, spec("failing"))
-    wait_for(lambda: states.get(0) == READY and states.get(1) == READY)
+    wait_until(lambda: states.get(0) == READY and states.get(1) == READY, "workers 0 and 1 ready")
     assert healthy.pid == failing.pid
 
     async def scenario() -> list[Answer]:
@@ -140,13 +137,13 @@ def test_a_stopped_slot_ends_and_its_process_serves_on(main_process) -> None:
     states, hosts = main_process
     kept = place(states, hosts, 0, spec("lite"))
     stopped = place(states, hosts, 1, spec("pets"))
-    wait_for(lambda: states.get(0) == READY and states.get(1) == READY)
+    wait_until(lambda: states.get(0) == READY and states.get(1) == READY, "workers 0 and 1 ready")
     stopped.terminate()
     stopped.join(10)
     assert not stopped.is_alive() and stopped.exitcode == 0
     assert kept.is_alive() and kept.host.alive()
     again = place(states, hosts, 2, spec("pets"))  # a load into the process that is still there
-    wait_for(lambda: states.get(2) == READY)
+    wait_until(lambda: states.get(2) == READY, "worker 2 is ready")
     assert again.pid == kept.pid
 
 
@@ -154,12 +151,12 @@ def test_killing_a_slot_ends_its_process_and_so_its_neighbours(main_process) -> 
     states, hosts = main_process
     hung = place(states, hosts, 0, spec("lite"))
     neighbour = place(states, hosts, 1, spec("pets"))
-    wait_for(lambda: states.get(0) == READY and states.get(1) == READY)
+    wait_until(lambda: states.get(0) == READY and states.get(1) == READY, "workers 0 and 1 ready")
     hung.kill()
     hung.join(10)
     assert not hung.is_alive() and not neighbour.is_alive(), "a thread cannot be killed: its process is"
     restarted = place(states, hosts, 1, spec("pets"))
-    wait_for(lambda: states.get(1) == READY)
+    wait_until(lambda: states.get(1) == READY, "worker 1 is ready")
     assert restarted.pid != neighbour.pid and restarted.is_alive(), "a restart starts a new process"
 
 
@@ -168,7 +165,10 @@ def test_an_isolated_model_gets_a_process_of_its_own_that_ends_with_it(main_proc
     shared = place(states, hosts, 0, spec("lite"))
     own = place(states, hosts, 1, spec("big", isolation="process"))
     failed = place(states, hosts, 2, spec("broken", isolation="process"))
-    wait_for(lambda: states.get(0) == READY and states.get(1) == READY and states.get(2) == ERROR)
+    wait_until(
+        lambda: states.get(0) == READY and states.get(1) == READY and states.get(2) == ERROR,
+        "workers 0, 1 ready and 2 failed",
+    )
     assert len({shared.pid, own.pid, failed.pid}) == 3
     failed.host.process.join(30)
     assert failed.host.process.exitcode == EXIT_SETUP_FAILED, "its state and its process's exit agree"
@@ -180,7 +180,7 @@ def test_an_isolated_model_gets_a_process_of_its_own_that_ends_with_it(main_proc
 def test_a_ready_report_carries_what_the_load_took(tmp_path: Path, main_process) -> None:
     states, hosts = main_process
     place(states, hosts, 0, spec("lite"))
-    wait_for(lambda: states.get(0) == READY)
+    wait_until(lambda: states.get(0) == READY, "worker 0 is ready")
     assert report_to_main_process(str(tmp_path), WorkerReport(0, READY, memory_bytes=123 << 20))
     assert states.memory(0) == 123 << 20
     states.set(0, STARTING)  # restarted: the old measure no longer holds
