@@ -135,9 +135,19 @@ LOAD_TIMEOUT_S = 300.0
 # one per device and --workers-per-device) or "process" (worker processes of its own).
 WORKER_ISOLATION = "shared"
 WORKER_ISOLATION_MODES = ("shared", "process")
-# MiB the resident models may take (their engines and the worker processes); 0: chosen from the
-# machine at start (service/supervisor/planning/memory.py).
+# MiB the resident models' loads may take (their engines, workspace and warm-up; the worker processes'
+# own base is apart); 0: MEMORY_BUDGET_SHARE of the free memory at start, less the processes' base
+# (service/supervisor/pool/budget.py). A repository that holds more is served on demand: a model not
+# resident loads on its first request, and the least recently used idle model makes room.
 MEMORY_BUDGET_MIB = 0
+MEMORY_BUDGET_SHARE = 0.85
+# Whatever the budget says, a load on demand leaves this share of the memory free at start unused
+# (another process may have taken memory since).
+MEMORY_RESERVE_SHARE = 0.05
+# An evicted model has run no batch for this long (it is idle, not between two batches of a stream)
+# and has been resident at least EVICT_MIN_RESIDENT_S (the request that loaded it gets it).
+EVICT_IDLE_GRACE_S = 1.0
+EVICT_MIN_RESIDENT_S = 2.0
 
 # The response cache (service/http/cache/): answers kept per HTTP process, keyed on the image's bytes,
 # the model version and the options that change the answer; 0 MiB: off. A hit is answered before any

@@ -135,6 +135,8 @@ class Metrics:
     cache_rejected: Any
     requests_abandoned: Any
     images_unclaimed: Any
+    model_loads_on_demand: Any
+    model_evictions: Any
     registry: Any  # this process's own values: what /metrics shows without multiprocess mode
 
     def observe_stages(self, timings_ms: Mapping[str, float]) -> None:
@@ -266,6 +268,20 @@ def metrics() -> Metrics:
         images_unclaimed=Counter(
             PREFIX + "images_unclaimed",
             "Images decoded and run for nobody: their answer came back after the client left or got its 504.",
+            **common,
+        ),
+        model_loads_on_demand=Counter(
+            PREFIX + "model_loads_on_demand",
+            "Models of a repository served on demand that a request had loaded (they were not resident); the "
+            "requests' waits are the model_load stage of vision_serve_stage_duration_seconds.",
+            ["model"],
+            **common,
+        ),
+        model_evictions=Counter(
+            PREFIX + "model_evictions",
+            "Models evicted, least recently used first, to make room under the memory budget for one a request "
+            "asked for.",
+            ["model"],
             **common,
         ),
         registry=registry,

@@ -20,6 +20,7 @@ from service.http.base.admission import AdmissionGate
 from service.http.base.limits import RequestLimits
 from service.http.base.worker_watch import WorkerWatch
 from service.http.cache import ResponseCache
+from service.http.pipeline.on_demand import ModelLoads
 from service.http.pipeline.pipeline import RequestPipeline
 from service.metrics import LiveState, LiveStateCollector
 from service.model_info import ModelInfo
@@ -68,7 +69,8 @@ class HttpFrontEnd:
         self.watch = watch
         # Each process its own cache, and its own Redis client made in its own loop (after the fork).
         cache = ResponseCache.from_settings(self.settings)
-        self.pipeline.attach(channel, watch, cache)
+        loads = ModelLoads(self.channels.directory, self.settings.request_timeout_s)  # models loaded on demand
+        self.pipeline.attach(channel, watch, cache, loads)
         loop = asyncio.get_running_loop()
         tasks = [
             loop.create_task(channel.receive_answers(), name="vision-serve-answers"),
@@ -112,7 +114,7 @@ class HttpFrontEnd:
 
     def model_ready(self, route: VersionRoute) -> bool:
         """Every worker of one model version is ready."""
-        return self.watch is not None and len(self.watch.ready_in(route)) == len(route.workers)
+        return route.resident and self.watch is not None and len(self.watch.ready_in(route)) == len(route.workers)
 
     def table(self) -> RoutingTable:
         return self.watch.table if self.watch is not None else RoutingTable()

@@ -32,6 +32,9 @@ class VersionRoute:
     version: int
     workers: tuple[int, ...]
     model: ModelInfo
+    # False: a version of a repository served on demand that is not loaded now (no workers): a request
+    # for it asks the main process to load it (service/http/pipeline/on_demand.py).
+    resident: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class RoutingTable:
     # requests go only to ready ones, and a worker that is not ready has the requests it held
     # answered with 503 (service/http/base/worker_watch.py).
     worker_states: dict[int, str] = field(default_factory=dict)
+    # The main process is still loading the repository's first models (on demand: those that fit its
+    # memory budget): the server is not ready yet, though some models may answer.
+    filling: bool = False
 
     def routes(self) -> list[VersionRoute]:
         return [route for versions in self.models.values() for route in versions.values()]

@@ -36,6 +36,7 @@ from service.supervisor.planning.layout import ServerLayout, server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 from service.supervisor.pool.hangs import hang_watch
 from service.supervisor.pool.hosts import WorkerHosts
+from service.supervisor.pool.on_demand import attach_memory_budget
 from service.supervisor.pool.repository_operations import RepositoryOperations
 from service.supervisor.pool.restarts import WorkerRestarter
 from service.supervisor.pool.states import WorkerStates
@@ -122,9 +123,15 @@ class VisionLitServer(LitServerBridge):
             self.states.snapshot,
             settings.default_model,
             self.pool_stopping,
+            parked=lambda: self.on_demand.routes() if self.on_demand is not None else {},
+            filling=lambda: self.on_demand is not None and self.on_demand.filling,
         )
         self.states.on_change = self.table_publisher.publish_soon
         self.repository = RepositoryOperations(settings, layout, self.worker_set, self.table_publisher)
+        # A repository's memory budget: its models served on demand, or explicit loads checked.
+        self.on_demand = attach_memory_budget(
+            self.repository, layout.accelerator, plans[0].serve_plan.workers, self.states, self.heartbeat_board
+        )
         self.control = ControlServer(
             self.channels.directory, self.repository.handle, self.hosts.reports_to(self.states)
         )
@@ -197,7 +204,7 @@ class VisionLitServer(LitServerBridge):
         restarter = WorkerRestarter(self.worker_set, self.worker_hooks, self._stop_with_error, hangs)
         thread = threading.Thread(
             target=restarter.watch,
-            kwargs={"stopping": self._stopping, "metrics_restart": self._count_restart},
+            kwargs={"stopping": self._stopping, "metrics_restart": count_restart},
             name="vision-serve-worker-monitor",
             daemon=True,
         )
@@ -206,12 +213,6 @@ class VisionLitServer(LitServerBridge):
     def stop_control(self) -> None:
         self.control.stop()
 
-    @staticmethod
-    def _count_restart(process: BaseProcess) -> None:
-        mark_process_dead(process.pid)  # its GPU-memory gauge no longer counts
-        remove_unpacked_of(process.pid)  # its copy of the engine (it may have ended with os._exit)
-        metrics().worker_restarts.inc()
-
     def _stopping(self) -> bool:
         return self.stop_requested
 
@@ -219,6 +220,13 @@ class VisionLitServer(LitServerBridge):
         logger.error("%s", message)
         self.exit_code = 1
         self.request_stop()
+
+
+def count_restart(process: BaseProcess) -> None:
+    """A worker process restarted: what it left behind goes."""
+    mark_process_dead(process.pid)  # its GPU-memory gauge no longer counts
+    remove_unpacked_of(process.pid)  # its copy of the engine (it may have ended with os._exit)
+    metrics().worker_restarts.inc()
 
 
 def slot_spec(plan: VersionPlan, model_path: str) -> SlotSpec:

@@ -32,6 +32,9 @@ import zmq.asyncio
 logger = logging.getLogger(__name__)
 
 INDEX, LOAD, UNLOAD = "index", "load", "unload"
+# From an HTTP process with a request for a model that is not resident (a repository served on
+# demand): load it, making room if the memory budget is short, and answer once this table serves it.
+ENSURE = "ensure"
 POLL_INTERVAL_MS = 50
 # How long a worker waits for the main process to take its report: it is there unless it is stopping.
 REPORT_TIMEOUT_MS = 10_000
@@ -47,7 +50,7 @@ EXITED = "exited"
 
 @dataclass(frozen=True)
 class ControlRequest:
-    op: str  # INDEX, LOAD or UNLOAD
+    op: str  # INDEX, LOAD, UNLOAD or ENSURE
     model: str = ""
     config: str = ""  # a load's parameters.config: Triton's model config as JSON, or ""
     ready_only: bool = False  # an index of the loaded models only
@@ -71,6 +74,8 @@ class WorkerReport:
     # READY: what loading the model grew the worker process by (its engine, arena and warm-up), in bytes;
     # 0 when unknown. The memory budget counts it (service/supervisor/pool/).
     memory_bytes: int = 0
+    # READY on a GPU: the device memory loading the model took (what cudaMemGetInfo saw go), in bytes.
+    device_memory_bytes: int = 0
     exit_code: int = 0  # EXITED: 0 when its loop ended (drained or stopped), 1 when its model failed to load
 
 

@@ -1,9 +1,11 @@
 """Heartbeats: how the main process tells a worker that stopped answering from one that is only busy.
 
-A shared array of doubles (``HeartbeatBoard``), two per worker slot: when the worker last beat, and
-when the batch it holds started (0: it holds none), both on ``time.monotonic`` (CLOCK_MONOTONIC,
-one clock for every process of the machine). Each worker writes its own slot, the main process reads
-them (service/supervisor/pool/hangs.py) and clears a worker's slot before it starts it.
+A shared array of doubles (``HeartbeatBoard``), three per worker slot: when the worker last beat,
+when the batch it holds started (0: it holds none), and when its last batch ended, all on
+``time.monotonic`` (CLOCK_MONOTONIC, one clock for every process of the machine). Each worker writes
+its own slot, the main process reads them (service/supervisor/pool/hangs.py; the memory budget's
+least recently used model, service/supervisor/pool/budget.py) and clears a worker's slot before it
+starts it.
 
 The worker's end is ``Heartbeat``: a thread of its own beats every ``BEAT_INTERVAL_S`` whatever the
 loop does, so a long batch does not silence it; the loop (service/worker/runner.py) sets and clears
@@ -23,13 +25,14 @@ from service import _defaults
 
 logger = logging.getLogger(__name__)
 
-FIELDS = 2  # per worker slot: its last beat, the start of the batch it holds
-BEAT, BATCH = 0, 1
+FIELDS = 3  # per worker slot: its last beat, the start of the batch it holds, the end of its last batch
+BEAT, BATCH, LAST = 0, 1, 2
 BEAT_INTERVAL_S = _defaults.WORKER_BEAT_INTERVAL_S
 
 
 class HeartbeatBoard:
-    """Per worker (slot ``worker_id % slots``): its last beat and its batch's start; 0 when none."""
+    """Per worker (slot ``worker_id % slots``): its last beat, its batch's start and its last batch's
+    end; 0 when none."""
 
     def __init__(self, shared: MutableSequence[float]) -> None:
         """``shared``: ``FIELDS`` doubles per slot (a ``multiprocessing.Array("d", ..., lock=False)``:
@@ -50,6 +53,12 @@ class HeartbeatBoard:
         base = self._base(worker_id)
         self.shared[base + BEAT] = 0.0
         self.shared[base + BATCH] = 0.0
+        self.shared[base + LAST] = 0.0
+
+    def last_used(self, worker_id: int, now: float) -> float:
+        """When the worker last ran a batch: ``now`` while it runs one, 0.0 if it never ran one."""
+        base = self._base(worker_id)
+        return now if self.shared[base + BATCH] else self.shared[base + LAST]
 
     def beat(self, worker_id: int, now: float) -> None:
         self.shared[self._base(worker_id) + BEAT] = now
@@ -57,6 +66,12 @@ class HeartbeatBoard:
     def hold_batch(self, worker_id: int, since: float) -> None:
         """The batch the worker holds started at ``since`` (0.0: it holds none)."""
         self.shared[self._base(worker_id) + BATCH] = since
+
+    def end_batch(self, worker_id: int, now: float) -> None:
+        """The batch the worker held ended at ``now``: it holds none."""
+        base = self._base(worker_id)
+        self.shared[base + LAST] = now
+        self.shared[base + BATCH] = 0.0
 
 
 class Heartbeat:
@@ -96,7 +111,7 @@ class Heartbeat:
         self.board.beat(self.worker_id, now)
 
     def batch_finished(self) -> None:
-        self.board.hold_batch(self.worker_id, 0.0)
+        self.board.end_batch(self.worker_id, self.clock())
         self.beat()
 
     def _beat_until_stopped(self) -> None:

@@ -93,6 +93,20 @@ def resident_bytes() -> int:
         return 0
 
 
+def device_free_bytes(device: object) -> int:
+    """The free memory of ``device`` if it is a GPU (cudaMemGetInfo: what every library's allocations
+    take, not torch's alone), else 0. Loads in other processes on the same GPU blur it."""
+    if "cuda" not in str(device):
+        return 0
+    try:
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(str(device)))
+        return int(free)
+    except Exception:  # no CUDA here after all: the budget then counts nothing for it
+        return 0
+
+
 class WorkerHost:
     """The slots of one worker process: loads them (one at a time, so each load's memory is its
     own), runs each one's loop in a thread, stops them, and frees each once its loop ended."""
@@ -142,7 +156,7 @@ class WorkerHost:
                 try:
                     # The model's libraries first: the memory a load takes is then its engine's, not torch's.
                     importlib.import_module(spec.model.partition(":")[0])
-                    before = resident_bytes()
+                    before, device_before = resident_bytes(), device_free_bytes(self.device)
                     entry.load_model(self.device)
                 except Exception as exc:
                     logger.exception("Inference worker %d could not load its model.", worker_id)
@@ -152,8 +166,10 @@ class WorkerHost:
                     self._report(WorkerReport(worker_id, ERROR, detail))
                     return
                 grown = max(0, resident_bytes() - before)
+                device_grown = max(0, device_before - device_free_bytes(self.device))
             entry.device = self.device
-            if not self._report(WorkerReport(worker_id, READY, memory_bytes=grown)):
+            report = WorkerReport(worker_id, READY, memory_bytes=grown, device_memory_bytes=device_grown)
+            if not self._report(report):
                 logger.warning("Inference worker %d: the main process did not take its ready report.", worker_id)
                 return
             loop.serve(entry.model, worker_id, stop, self.turns)

@@ -210,3 +210,18 @@ def test_the_hang_settings_and_their_defaults() -> None:
         ServeSettings(worker_heartbeat_timeout_s=0.5)
     with pytest.raises(SettingsError, match="--batch-hang-timeout-s"):
         ServeSettings(batch_hang_timeout_s=-1)
+
+
+def test_the_board_says_when_a_worker_last_ran_a_batch_for_the_memory_budget() -> None:
+    # The budget evicts the least recently used idle model: "used" is a batch, running or ended.
+    board = HeartbeatBoard([0.0] * (FIELDS * 4))
+    clock = iter([10.0, 20.0, 20.0])  # the batch start; its end, and the beat with it
+    heartbeat = Heartbeat(board, 5, clock=lambda: next(clock))
+    assert board.last_used(5, now=1.0) == 0.0  # never ran one
+    heartbeat.batch_started()  # at 10
+    assert board.last_used(5, now=15.0) == 15.0  # running one now
+    heartbeat.batch_finished()  # at 20
+    assert board.last_used(5, now=30.0) == 20.0
+    assert board.last_used(2, now=30.0) == 0.0  # another slot's is its own
+    board.clear(5)
+    assert board.last_used(5, now=30.0) == 0.0  # a restarted worker starts afresh

@@ -76,8 +76,9 @@ class WorkerWatch:
         model and finished warm-up (versions being loaded beside them do not count: the old ones
         serve meanwhile)."""
         serving = self.table.serving_workers()
-        # Nothing served (every model unloaded): no inference can succeed, so not ready.
-        return bool(serving) and all(self.states.get(worker) == READY for worker in serving)
+        # Nothing served (every model unloaded): no inference can succeed, so not ready. Nor while the
+        # main process still loads a repository's first models.
+        return bool(serving) and not self.table.filling and all(self.states.get(worker) == READY for worker in serving)
 
     def ready_in(self, route: VersionRoute) -> list[int]:
         """The ready workers of one model version."""

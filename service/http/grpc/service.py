@@ -68,6 +68,9 @@ from service.tracing import TRACING, ServerSpan, stage_span, start_server_span
 logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
+# A response parameter: the milliseconds the call waited for its model to load on demand (HTTP: the
+# ``model_load`` entry of Server-Timing); absent when the model was resident.
+LOAD_MS_PARAMETER = "model_load_ms"
 MODEL_INFER_PATH = f"/{SERVICE}/ModelInfer"  # the access log's path for ModelInfer
 MODEL_INFER_SPAN = f"{SERVICE}/ModelInfer"  # a traced call's span name, as OpenTelemetry names RPCs
 IMPLEMENTED = (
@@ -106,6 +109,11 @@ def grpc_status(error: ServiceError) -> grpc.StatusCode:
         if kind in GRPC_STATUS:
             return GRPC_STATUS[kind]
     return grpc.StatusCode.UNKNOWN
+
+
+def response_parameters(load_ms: float) -> dict[str, service_pb2.InferParameter] | None:
+    """How long the call waited for its model to load on demand, as HTTP's Server-Timing says it."""
+    return {LOAD_MS_PARAMETER: service_pb2.InferParameter(double_param=load_ms)} if load_ms else None
 
 
 def parameter_value(parameter: service_pb2.InferParameter) -> object:
@@ -275,6 +283,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 for t in tensors
             ],
             raw_output_contents=[t.to_bytes() for t in tensors],
+            parameters=response_parameters(outcome.load_ms),
         )
 
     async def RepositoryIndex(self, request, context) -> service_pb2.RepositoryIndexResponse:

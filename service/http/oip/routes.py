@@ -214,7 +214,7 @@ class OipInferEndpoint:
             content, header_length = encode_infer_response(
                 route.name, route.version, call, build_outputs(call, outcome.answers, route.model.labels)
             )
-        headers = {"Server-Timing": server_timing({"total": outcome.total_ms})}
+        headers = {"Server-Timing": server_timing(outcome.timings_ms())}
         if header_length is None:
             return Response(content, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(header_length)

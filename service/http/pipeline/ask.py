@@ -69,6 +69,13 @@ class Outcome(Generic[P]):
     total_ms: float  # from the cache lookup or admission to the last answer; 0 if none ran
     route: VersionRoute  # the version that answered
     cache_on: bool  # this HTTP process has a response cache (--response-cache-mb)
+    load_ms: float = 0.0  # how long the request waited for its model to load (on demand); 0: it was resident
+
+    def timings_ms(self) -> dict[str, float]:
+        """The request's own stages for ``Server-Timing``: ``total``, and ``model_load`` when it waited for one."""
+        if self.load_ms:
+            return {"model_load": self.load_ms, "total": self.total_ms}
+        return {"total": self.total_ms}
 
     @property
     def from_cache(self) -> bool:

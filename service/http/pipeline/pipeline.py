@@ -17,6 +17,7 @@ from service.http.cache.front import for_route, keep, look_up
 from service.http.cache.response_cache import ResponseCache
 from service.http.pipeline.ask import Ask, Outcome, P
 from service.http.pipeline.checks import refusals
+from service.http.pipeline.on_demand import ModelLoads
 from service.http.pipeline.submit import CLIENT_LEFT, Submission
 from service.metrics import metrics
 from service.repository.table import RoutingTable, VersionRoute
@@ -25,6 +26,8 @@ from service.transport.channels import ApiChannel
 from service.wire import Answer, answer_for
 
 STARTING = "The server is starting; retry shortly."
+# How many times a request asks for its model to be loaded before it gives up (503).
+LOAD_ATTEMPTS = 2
 NO_WORKER_READY = "No inference worker is ready (the server is starting, or restarting a worker); retry shortly."
 
 
@@ -44,13 +47,20 @@ class RequestPipeline:
         self.channel: ApiChannel | None = None
         self.watch: WorkerWatch | None = None
         self.cache: ResponseCache | None = None  # this HTTP process's (--response-cache-mb), while attached
+        self.loads: ModelLoads | None = None  # this HTTP process's calls for models not resident, while attached
 
-    def attach(self, channel: ApiChannel, watch: WorkerWatch, cache: ResponseCache | None = None) -> None:
+    def attach(
+        self,
+        channel: ApiChannel,
+        watch: WorkerWatch,
+        cache: ResponseCache | None = None,
+        loads: ModelLoads | None = None,
+    ) -> None:
         channel.held.release = self.gate.release  # each image's slot comes back when its worker answers or drops it
-        self.channel, self.watch, self.cache = channel, watch, cache
+        self.channel, self.watch, self.cache, self.loads = channel, watch, cache, loads
 
     def detach(self) -> None:
-        self.channel = self.watch = self.cache = None
+        self.channel = self.watch = self.cache = self.loads = None
 
     def route(self, model: str | None, version: str | None = None) -> VersionRoute:
         """The served version a request names (``None``: the default model, its latest version);
@@ -67,18 +77,24 @@ class RequestPipeline:
         deadline (the client's, ``ask.deadline``, else ``--request-timeout-s``) gets a 504 ``Answer``;
         a client's deadline that passes during the parse (a slow upload) raises ``DeadlineExceeded``.
         """
-        self.route(ask.model, ask.version)  # a model not served is a 404 before the upload
+        first = self.route(ask.model, ask.version)  # a model not served is a 404 before the upload
+        loads = self.loads
+        if not first.resident and loads is not None:
+            loads.start(first.name)  # its load runs while the body comes in
         with stage_span("parse"):  # traced requests (service/tracing/)
             deadline = ask.deadline  # the headers' cuts a slow upload short
             parsed = await parse() if deadline is None else await within(deadline, parse())
         # Again once the body is in: a swap during a slow upload may have retired the version's workers.
         route = self.route(ask.model, ask.version)
+        load_ms = 0.0
+        if not route.resident:
+            route, load_ms = await self._bring_in(route, ask)
         images = parsed.images
         refused = refusals(images, self.limits.max_image_pixels)
         top_k, cache_on, logits = parsed.worker_top_k, self.cache is not None, parsed.wants_logits
         if refused.count(None) == len(images):  # the usual case, every image may run: nothing to pick out
             answers, total_ms, route = await self._from_cache_or_workers(images, top_k, route, ask, logits)
-            return Outcome(parsed, answers, range(len(images)), total_ms, route, cache_on)
+            return Outcome(parsed, answers, range(len(images)), total_ms, route, cache_on, load_ms)
         if ask.on_refused is not None:
             ask.on_refused(parsed, refused)  # the protocol's rule: it raises to fail the whole request
         # Else the others run, and each answer goes back to its image's place.
@@ -89,7 +105,28 @@ class RequestPipeline:
             ran_answers, total_ms, route = await self._from_cache_or_workers(picked, top_k, route, ask, logits)
             for index, answer in zip(ran, ran_answers, strict=True):
                 answers[index] = answer
-        return Outcome(parsed, answers, ran, total_ms, route, cache_on)
+        return Outcome(parsed, answers, ran, total_ms, route, cache_on, load_ms)
+
+    async def _bring_in(self, route: VersionRoute, ask: Ask) -> tuple[VersionRoute, float]:
+        """A version not resident, loaded by the main process (making room under its memory budget):
+        the route that serves it now, and the milliseconds this request waited for it (the answer's
+        ``model_load`` timing, and the stage metric of that name)."""
+        loads = self.loads
+        if loads is None:
+            raise Unavailable(STARTING)
+        waited = 0.0
+        for _ in range(LOAD_ATTEMPTS):
+            waited += await loads.wait(route.name, ask.deadline)
+            route = self.route(route.name, route.version if ask.pinned else None)
+            if route.resident:
+                metrics().observe_stages({"model_load": waited})
+                return route, waited
+        # Evicted again before this request reached it: the memory budget holds fewer models than
+        # the clients use at once.
+        raise Unavailable(
+            f"Model '{route.name}' was loaded and evicted again before this request could run: the memory "
+            "budget holds fewer models than are in use at once. Raise --memory-budget-mib, or retry."
+        )
 
     async def _from_cache_or_workers(
         self, images: Sequence[bytes], top_k: int, route: VersionRoute, ask: Ask, logits: bool = False

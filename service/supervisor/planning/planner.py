@@ -308,6 +308,10 @@ def plan_repository(
                 error = SettingsError.of(exc)
                 raise error.with_message(f"Model {folder.name!r} version {version}: {error.message}") from None
             plans.append(VersionPlan(folder.name, version, version_plan))
+    if load is None and settings.model_repository and settings.model_control == "none":
+        # Served on demand: the main process loads what its memory budget holds, the rest when asked
+        # for (service/supervisor/pool/on_demand.py); a repository larger than memory is no error.
+        return plans
     try:
         check_memory(plans)
     except ValueError:

@@ -15,8 +15,11 @@ The first versions' workers start at launch (``start``). A load:
    that has answered everything exits, and one still alive after the request deadline is stopped.
 
 An unload is steps 3 and 4 without new versions, and returns once the old workers are gone (their
-memory freed). A worker that dies while serving is restarted with the same id; one that dies while
-the server starts stops the server (service/supervisor/pool/restarts.py).
+memory freed). A repository served on demand (``--model-control none``) has its loads and evictions
+made by ``OnDemand`` (service/supervisor/pool/on_demand.py) with these same steps; with
+``--model-control explicit`` a load that would not fit the memory budget is refused. A worker that
+dies while serving is restarted with the same id; one that dies while the server starts stops the
+server (service/supervisor/pool/restarts.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Protocol
 
 from service.repository.layout import RepositoryError, model_names
 from service.settings import ServeSettings
@@ -36,9 +40,22 @@ from service.supervisor.planning.layout import ServerLayout
 from service.supervisor.planning.plans import LoadRequest, VersionPlan
 from service.supervisor.pool.table_publisher import TablePublisher
 from service.supervisor.pool.workers import Worker, WorkerSet
-from service.transport.control_channel import INDEX, LOAD, UNLOAD, ControlReply, ControlRequest
+from service.transport.control_channel import ENSURE, INDEX, LOAD, UNLOAD, ControlReply, ControlRequest
 
 logger = logging.getLogger(__name__)
+
+
+class ServedOnDemand(Protocol):
+    """What the operations ask of a repository served on demand (service/supervisor/pool/on_demand.py)."""
+
+    def start(self, plans: Sequence[VersionPlan]) -> list[VersionPlan]:
+        """The plans to launch at once; the others are parked."""
+
+    def fill_after(self, first: list[Worker]) -> None:
+        """Load the parked models that fit, once ``first`` are ready."""
+
+    def ensure(self, name: str) -> None:
+        """Return once ``name`` serves; ``LoadFailed`` with why not."""
 
 
 class LoadFailed(Exception):
@@ -63,14 +80,23 @@ class RepositoryOperations:
         self.workers = workers
         self.publisher = publisher
         self.plan = plan
+        # Set by the server: the models served on demand (--model-control none with a repository), and
+        # the check an explicit load must pass (the memory budget); None: neither.
+        self.on_demand: ServedOnDemand | None = None
+        self.check_budget: Callable[[str, Sequence[VersionPlan]], None] | None = None
         self._lock = threading.Lock()
         self._model_locks: dict[str, threading.Lock] = {}  # one load or unload per model at a time
 
     def start(self, plans: Sequence[VersionPlan]) -> list[BaseProcess]:
-        """Launch the first versions' workers and publish them (routes send only to ready workers)."""
+        """Launch the first versions' workers and publish them (routes send only to ready workers);
+        on demand, those of the first model, the others loaded after it while they fit."""
+        if self.on_demand is not None:
+            plans = self.on_demand.start(plans)
         for plan in plans:
             self.workers.add(self.workers.launch(plan))
         self.publisher.publish()
+        if self.on_demand is not None:
+            self.on_demand.fill_after(self.workers.serving())
         return self.workers.processes()
 
     def handle(self, request: ControlRequest) -> ControlReply:
@@ -84,8 +110,12 @@ class RepositoryOperations:
             if request.op == UNLOAD:
                 self.unload(request.model)
                 return ControlReply()
+            if request.op == ENSURE and self.on_demand is not None:
+                self.on_demand.ensure(request.model)
+                return ControlReply()
         except LoadFailed as exc:
-            return ControlReply(400, str(exc))
+            # A request's model that could not be brought in: retry-safe, as when no worker is ready.
+            return ControlReply(503 if request.op == ENSURE else 400, str(exc))
         return ControlReply(400, f"Unknown repository call {request.op!r}.")
 
     def index(self, ready_only: bool = False) -> list[dict]:
@@ -105,7 +135,8 @@ class RepositoryOperations:
                 entries.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"})
         return entries
 
-    def _model_lock(self, name: str) -> threading.Lock:
+    def model_lock(self, name: str) -> threading.Lock:
+        """Held for each load or unload of ``name``: one at a time."""
         with self._lock:
             return self._model_locks.setdefault(name, threading.Lock())
 
@@ -113,7 +144,7 @@ class RepositoryOperations:
         """Load (or reload) ``name``'s versions; ``LoadFailed`` with the reason, the old ones serving on."""
         if not self.settings.model_repository:
             raise LoadFailed("This server has no --model-repository to load models from.")
-        with self._model_lock(name):
+        with self.model_lock(name):
             started = time.monotonic()
             try:
                 plans = self.plan(self.settings, LoadRequest(name, config)).result(self.settings.load_timeout_s)
@@ -122,30 +153,41 @@ class RepositoryOperations:
             if not plans:
                 raise LoadFailed(f"failed to load '{name}': its version policy selects no version.")
             self._check_layout(name, plans)
-            new = [self.workers.launch(plan) for plan in plans]
-            remaining = self.settings.load_timeout_s - (time.monotonic() - started)
-            failure = self.workers.wait_ready([w for version in new for w in version.workers], remaining)
-            if failure:
-                self._stop([w for version in new for w in version.workers])
-                raise LoadFailed(f"failed to load '{name}': {failure} The versions it served still serve.")
-            retired = self.workers.replace(name, new)
-            self.publisher.publish_and_wait()
-            logger.info(
-                "Model %s now serves version(s) %s (%.1f s after the load call).",
-                name,
-                ", ".join(str(v.plan.version) for v in new),
-                time.monotonic() - started,
-            )
-            if retired:
-                threading.Thread(target=self._drain, args=(retired,), name="vision-serve-drain", daemon=True).start()
+            if self.check_budget is not None:
+                self.check_budget(name, plans)
+            self.serve(name, plans, started)
+
+    def serve(self, name: str, plans: Sequence[VersionPlan], started: float) -> None:
+        """Steps 2 to 4 of a load (the caller holds ``model_lock(name)``): ``plans``' workers started,
+        waited for, published in place of the model's old versions, which then drain."""
+        new = [self.workers.launch(plan) for plan in plans]
+        remaining = self.settings.load_timeout_s - (time.monotonic() - started)
+        failure = self.workers.wait_ready([w for version in new for w in version.workers], remaining)
+        if failure:
+            self._stop([w for version in new for w in version.workers])
+            raise LoadFailed(f"failed to load '{name}': {failure} The versions it served still serve.")
+        retired = self.workers.replace(name, new)
+        self.publisher.publish_and_wait()
+        logger.info(
+            "Model %s now serves version(s) %s (%.1f s after the load call).",
+            name,
+            ", ".join(str(v.plan.version) for v in new),
+            time.monotonic() - started,
+        )
+        if retired:
+            threading.Thread(target=self._drain, args=(retired,), name="vision-serve-drain", daemon=True).start()
 
     def unload(self, name: str) -> None:
         """Stop new requests for ``name`` (404), let its workers answer what they hold, then stop them."""
-        with self._model_lock(name):
-            retired = self.workers.replace(name, [])
-            self.publisher.publish_and_wait()
-            self._drain(retired)
+        with self.model_lock(name):
+            self.retire(name)
             logger.info("Model %s unloaded.", name)
+
+    def retire(self, name: str) -> None:
+        """An unload's steps (the caller holds ``model_lock(name)``): returns once its workers are gone."""
+        retired = self.workers.replace(name, [])
+        self.publisher.publish_and_wait()
+        self._drain(retired)
 
     def _check_layout(self, name: str, plans: Sequence[VersionPlan]) -> None:
         for plan in plans:

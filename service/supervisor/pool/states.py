@@ -23,7 +23,8 @@ class WorkerStates:
     def __init__(self) -> None:
         self._states: dict[int, str] = {}
         self._details: dict[int, str] = {}
-        self._memory: dict[int, int] = {}  # worker id -> bytes its READY report said loading took
+        # worker id -> (host, device) bytes its READY report said loading took
+        self._memory: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()
         self.on_change: Callable[[], None] = lambda: None  # set once the table publisher exists
 
@@ -40,10 +41,11 @@ class WorkerStates:
         with self._lock:
             return self._details.get(worker_id, "")
 
-    def memory(self, worker_id: int) -> int:
-        """Bytes the worker's model took when it loaded, as it reported; 0 if unknown."""
+    def memory(self, worker_id: int, device: bool = False) -> int:
+        """Bytes of host memory (``device``: of GPU memory) the worker's model took when it loaded, as it
+        reported; 0 if unknown."""
         with self._lock:
-            return self._memory.get(worker_id, 0)
+            return self._memory.get(worker_id, (0, 0))[device]
 
     def set(self, worker_id: int, state: str | None) -> None:
         """Set a worker's state (STARTING when spawned); ``None``: it is gone for good."""
@@ -67,6 +69,6 @@ class WorkerStates:
             self._states[report.worker_id] = report.state
             if report.detail:
                 self._details[report.worker_id] = report.detail
-            if report.memory_bytes > 0:
-                self._memory[report.worker_id] = report.memory_bytes
+            if report.memory_bytes > 0 or report.device_memory_bytes > 0:
+                self._memory[report.worker_id] = (max(0, report.memory_bytes), max(0, report.device_memory_bytes))
         self.on_change()

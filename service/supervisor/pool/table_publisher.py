@@ -36,10 +36,14 @@ class TablePublisher:
         default_model: str,
         stopping: threading.Event,
         ack_timeout_s: float = ACK_TIMEOUT_S,
+        parked: Callable[[], dict[str, dict[int, VersionRoute]]] = dict,
+        filling: Callable[[], bool] = lambda: False,
     ) -> None:
         """``acks``: per HTTP process, the table generation it follows (-1: not started yet);
         ``routes``: the table's content now; ``states``: every worker's state now; ``default_model``:
-        --default-model, or ""."""
+        --default-model, or ""; ``parked``: the routes of the models not resident (a repository
+        served on demand: service/supervisor/pool/on_demand.py); ``filling``: whether the first models
+        still load."""
         self.table_file = TableFile(channels_directory)
         self.acks = acks
         self.routes = routes
@@ -47,6 +51,8 @@ class TablePublisher:
         self.default_model = default_model
         self.stopping = stopping
         self.ack_timeout_s = ack_timeout_s
+        self.parked = parked
+        self.filling = filling
         self._generation = 0
         # Generations are written in the order their content was read: a later table never loses
         # to an earlier one that a slower thread wrote after it.
@@ -72,9 +78,11 @@ class TablePublisher:
     def _table(self) -> RoutingTable:
         """The table with the content now and the current generation (under ``_lock``)."""
         models, draining = self.routes()
+        # A model both served and parked (a moment of its load or eviction) is served.
+        models = {**self.parked(), **models}
         # /predict without ?model=: --default-model, else the one model when there is exactly one.
         default = self.default_model or (next(iter(models)) if len(models) == 1 else "")
-        return RoutingTable(self._generation, models, draining, default, self.states())
+        return RoutingTable(self._generation, models, draining, default, self.states(), self.filling())
 
     def publish(self) -> int:
         """Write the table with a new generation; returns it (not waiting for the HTTP processes)."""
