@@ -176,3 +176,7 @@ PROBLEM_TYPE_ACTIVATIONS = {
 # Bumped when the artifact layout or manifest fields change incompatibly.
 MANIFEST_FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+# CPU sessions of one process allocate their tensors from one arena registered with ONNX Runtime's
+# environment (compile/backends/onnx.py: shared_cpu_arena): a batch's workspace is then held once per
+# process, not once per session, which is what each added model of a shared worker process paid.
+ONNX_SHARED_CPU_ARENA = True

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CPU_PROVIDER = "CPUExecutionProvider"
+# The session config entry that makes a session allocate from the environment's registered allocators.
+USE_ENV_ALLOCATORS = "session.use_env_allocators"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 INSTALL_HINT = "pip install 'vision-serve[onnx]' (CPU) or 'vision-serve[onnx-gpu]' (CUDA execution provider)"
 # Why two precisions are refused (tests/unit/test_onnx_units.py checks that both reasons still hold,
@@ -190,11 +192,37 @@ class OnnxSessionEngine:
         return logits
 
 
-def open_session(path: Path, device: torch.device, threads: int) -> tuple[Any, dict[str, Any]]:
-    """An ONNX Runtime session for serving ``path`` on ``device``, and the settings it was made with."""
+@functools.cache
+def shared_cpu_arena() -> bool:
+    """Register one CPU arena with this process's ONNX Runtime environment (once); whether it is.
+
+    Each session otherwise has an arena of its own, which grows to the largest batch's intermediate
+    tensors and keeps them for the session's life: a worker process holding many models (and a model
+    its second, lone-image session: service/worker/engine.py) paid that workspace once per session.
+    Sessions that opt in (``USE_ENV_ALLOCATORS``) share this one, and the process holds the workspace
+    of one batch at a time, which is all a worker process runs (service/worker/turns.py). The arena
+    is thread-safe, so sessions that do run at once (pipelined workers) stay correct.
+    """
+    ort = importlib.import_module("onnxruntime")
+    try:
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg({}))  # ONNX Runtime's default arena settings
+    except Exception:  # an older or a stripped build: each session keeps an arena of its own
+        logger.warning("ONNX Runtime could not register a shared CPU arena; each session gets its own.", exc_info=True)
+        return False
+    return True
+
+
+def open_session(
+    path: Path, device: torch.device, threads: int, shared_arena: bool = _defaults.ONNX_SHARED_CPU_ARENA
+) -> tuple[Any, dict[str, Any]]:
+    """An ONNX Runtime session for serving ``path`` on ``device``, and the settings it was made with;
+    ``shared_arena``: on a CPU, its tensors from the process's one arena (``shared_cpu_arena``)."""
     ort = importlib.import_module("onnxruntime")
     providers = execution_providers(device, ort.get_available_providers())
     settings = session_settings(device, threads)
+    if shared_arena and device.type == "cpu" and shared_cpu_arena():
+        settings["config_entries"] = {**settings["config_entries"], USE_ENV_ALLOCATORS: "1"}
     session = ort.InferenceSession(str(path), sess_options=session_options(settings), providers=providers)
     wanted = providers[0][0]
     if session.get_providers()[0] != wanted:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -20,8 +21,10 @@ from compile.backends.onnx import (
     BF16_REFUSAL,
     CPU_FP16_REFUSAL,
     OnnxBackend,
+    OnnxSessionEngine,
     execution_providers,
     export_kwargs,
+    open_session,
     quiet_exporter_logs,
     session_options,
     session_settings,
@@ -95,6 +98,40 @@ def test_session_options_are_set_for_serving() -> None:
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     json.dumps(settings)  # recorded in the manifest
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_cpu_sessions_of_one_process_hold_one_workspace_between_them(tmp_path) -> None:
+    """A worker process holding many models pays a batch's intermediate tensors once, not per session:
+    four sessions of a model with large activations grow the process by less than one session's
+    workspace, and each still computes what the model does."""
+    torch.manual_seed(0)
+    wide = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+    ).eval()  # fmt: skip
+    path = tmp_path / "model.onnx"
+    settings = CompileSettings(backend="onnx", precision="fp32", batch=(1, 8, 8))
+    OnnxBackend().build(wide, settings, torch.device("cpu"), (112, 112), path)
+    images = torch.randn(8, 3, 112, 112)  # each activation: 8 x 32 x 112 x 112 floats, 12.25 MiB
+    with torch.no_grad():
+        expected = wide(images)
+    engines = []
+    before = resident_mib()
+    for _ in range(4):
+        session, used = open_session(path, torch.device("cpu"), threads=1)
+        assert used["config_entries"]["session.use_env_allocators"] == "1"
+        engines.append(OnnxSessionEngine(session, torch.device("cpu")))
+        torch.testing.assert_close(engines[-1](images), expected, rtol=1e-4, atol=1e-5)
+        if len(engines) == 1:
+            first = resident_mib() - before
+    added = resident_mib() - before - first
+    assert first > 12, f"the first session's workspace ({first:.0f} MiB) should hold a batch's activations"
+    assert added < first / 2, f"3 more sessions added {added:.0f} MiB beside the first's {first:.0f} MiB"
 
 
 def test_export_kwargs_keep_the_batch_dynamic_unless_it_is_static() -> None:
