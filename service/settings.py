@@ -423,20 +423,22 @@ def check_cache_and_tracing(settings: ServeSettings) -> None:
         )
 
 
-def resolve_api_servers(requested: int, accelerator: str, inference_workers: int, cpu_count: int) -> int:
+def resolve_api_servers(requested: int, accelerator: str, worker_processes: int, cpu_count: int) -> int:
     """``--api-servers``: the number asked for, or for 0 a number that fits the devices and cores.
-    Resolved once per server, from every starting version's workers (service/supervisor/planning/layout.py).
+    Resolved once per server, from the worker processes of every starting version
+    (service/supervisor/planning/layout.py: ``worker_processes``; one model: its workers).
 
     On a CPU the model's threads want every core, and a few dozen images per second need no more
-    than LitServe's one HTTP process per inference worker. A GPU classifies thousands per second,
-    each one parsed, checked and answered in an HTTP process: give them a quarter of the cores (at
-    least one per worker), leaving the rest to decoding and the workers.
+    than LitServe's one HTTP process per inference worker process. A GPU classifies thousands per
+    second, each one parsed, checked and answered in an HTTP process: give them a quarter of the cores
+    (at least one per worker process), leaving the rest to decoding and the workers. The model slots
+    of a shared process run one batch at a time, so more slots need no more HTTP processes.
     """
     if requested > 0:
         return requested
     if accelerator == "cpu":
-        return inference_workers
-    return max(inference_workers, cpu_count // 4)
+        return worker_processes
+    return max(worker_processes, cpu_count // 4)
 
 
 def resolve_pipeline_depth(requested: int, accelerator: str) -> int:

@@ -140,8 +140,8 @@ class FakePlanning:
         return self.plans
 
 
-def version_plan(version: int, workers: int = 2) -> VersionPlan:
-    settings = ServeSettings(workers_per_device=workers)
+def version_plan(version: int, workers: int = 2, isolation: str = "shared") -> VersionPlan:
+    settings = ServeSettings(workers_per_device=workers, worker_isolation=isolation)
     model = ModelInfo("pets", "w", "engine", "pil", "", {}, "", "cpu", 8, 0.0)
     return VersionPlan("pets", version, ServePlan(settings, "cpu", "auto", {}, workers, model))
 
@@ -260,13 +260,27 @@ def test_a_failing_load_keeps_the_old_version_serving(pool: Pool) -> None:
     assert [e["version"] for e in pool.operations.index()] == ["1"]
 
 
+def test_auto_http_processes_follow_the_worker_processes_not_the_model_slots() -> None:
+    """``--api-servers 0``: one HTTP process per worker process. A model alone keeps one per worker
+    (the front end's throughput depends on it); twenty shared models of two workers each live in
+    two processes, so they get two, not forty; an isolated model's workers add a process each."""
+    assert server_layout([version_plan(1, workers=2)], ServeSettings(), cpu_count=2).api_servers == 2
+    assert server_layout([version_plan(1, workers=1)], ServeSettings(), cpu_count=2).api_servers == 1
+    twenty = [version_plan(v, workers=2) for v in range(1, 21)]
+    assert server_layout(twenty, ServeSettings(), cpu_count=2).api_servers == 2
+    isolated = [version_plan(21, workers=2, isolation="process"), version_plan(22, workers=1, isolation="process")]
+    assert server_layout([*twenty, *isolated], ServeSettings(), cpu_count=2).api_servers == 2 + 3
+    assert server_layout(isolated, ServeSettings(), cpu_count=2).api_servers == 3
+    assert server_layout(twenty, ServeSettings(api_servers=7), cpu_count=2).api_servers == 7  # asked for: as asked
+
+
 def test_the_server_layout_is_what_every_starting_version_shares() -> None:
     """One server, one device layout: the HTTP processes are sized from every starting version's
-    workers, and a version for another accelerator is refused with what to do."""
+    worker processes, and a version for another accelerator is refused with what to do."""
     cpu = [version_plan(1, workers=2), version_plan(2, workers=3)]
     layout = server_layout(cpu, ServeSettings(), cpu_count=8)
     assert (layout.accelerator, layout.devices, layout.worker_env) == ("cpu", "auto", {})
-    assert layout.api_servers == 5  # on a CPU, one HTTP process per inference worker
+    assert layout.api_servers == 3  # on a CPU, one HTTP process per worker process: both share 3
     gpu = VersionPlan("pets", 3, dataclasses.replace(cpu[0].serve_plan, accelerator="cuda", devices=1))
     assert not layout.fits(gpu.serve_plan)
     with pytest.raises(ValueError, match=r"one server serves one device layout\. Recompile one, or pass --device"):
