@@ -61,12 +61,12 @@ def answer_content(answer: Answer, version: int | None = None) -> dict:
     return content
 
 
-def render(answer: Answer, total_ms: float | None = None, version: int | None = None, load_ms: float = 0.0) -> Response:
+def render(answer: Answer, request_timings: dict[str, float] | None = None, version: int | None = None) -> Response:
     """The answer as JSON (``answer_content``) with its status.
 
     Adds ``X-Batch-Size`` and a ``Server-Timing`` header with the worker's stages, this rendering as
-    ``postprocess`` and ``total_ms`` as ``total`` (and ``load_ms``, the wait for a model loaded on
-    demand, as ``model_load``); ``answer.timings_ms`` gains ``postprocess`` too, for the stage metrics.
+    ``postprocess`` and the request's own (``Outcome.timings_ms``: ``total``, and ``model_load`` when
+    it waited for its model); ``answer.timings_ms`` gains ``postprocess`` too, for the stage metrics.
     """
     started = time.perf_counter()
     body = _JSON.encode(answer_content(answer, version)).encode()
@@ -75,15 +75,13 @@ def render(answer: Answer, total_ms: float | None = None, version: int | None = 
         raw_headers.append((b"x-batch-size", str(answer.batch_size).encode()))
     if answer.timings_ms:
         answer.timings_ms["postprocess"] = (time.perf_counter() - started) * 1e3
-    timings = answer.timings_ms if total_ms is None else {**answer.timings_ms, "total": total_ms}
-    if load_ms:
-        timings = {"model_load": load_ms, **timings}
+    timings = answer.timings_ms if request_timings is None else {**answer.timings_ms, **request_timings}
     if timings:
         raw_headers.append((b"server-timing", server_timing(timings).encode("latin-1")))
     return AnswerResponse(answer.status_code, body, raw_headers)
 
 
-def render_many(answers: list[Answer], total_ms: float, version: int | None = None, load_ms: float = 0.0) -> Response:
+def render_many(answers: list[Answer], request_timings: dict[str, float], version: int | None = None) -> Response:
     """Several images' answers: ``{"results": [...]}`` in input order, each ``answer_content`` plus
     its ``status_code``. The request itself is a 200: its items succeed or fail one by one."""
     results = [{"status_code": answer.status_code, **answer_content(answer, version)} for answer in answers]
@@ -92,8 +90,7 @@ def render_many(answers: list[Answer], total_ms: float, version: int | None = No
     for answer in answers:
         headers.update(http_headers(answer.status_code, answer.retry_after_s))  # e.g. an item got 503
     raw_headers = _raw_headers(body, headers)
-    timings = {"model_load": load_ms, "total": total_ms} if load_ms else {"total": total_ms}
-    raw_headers.append((b"server-timing", server_timing(timings).encode("latin-1")))
+    raw_headers.append((b"server-timing", server_timing(request_timings).encode("latin-1")))
     return AnswerResponse(200, body, raw_headers)
 
 

@@ -130,7 +130,7 @@ class PredictEndpoint:
     def answer_one(outcome: Outcome[PredictRequest]) -> Response:
         (answer,) = outcome.answers
         with stage_span("answer"):  # traced requests (service/tracing/)
-            response = render(answer, outcome.total_ms, outcome.route.version, outcome.load_ms)
+            response = render(answer, outcome.timings_ms(), outcome.route.version)
         if outcome.cache_on:
             response.raw_headers.append(X_CACHE[outcome.from_cache])
         # The worker's stages and the rendering, recorded here to keep that work off its loop.
@@ -142,7 +142,7 @@ class PredictEndpoint:
         for index in outcome.ran:
             metrics().observe_stages(outcome.answers[index].timings_ms)
         with stage_span("answer"):
-            response = render_many(outcome.answers, outcome.total_ms, outcome.route.version, outcome.load_ms)
+            response = render_many(outcome.answers, outcome.timings_ms(), outcome.route.version)
         if outcome.cache_on:  # a hit only if every image that ran was one
             response.raw_headers.append(X_CACHE[outcome.from_cache])
         return response
