@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -98,6 +99,22 @@ class HeapTrimmer:
     def _run(self) -> None:
         while not self._stop.wait(CHECK_INTERVAL_S):
             self.trim_if_due(time.monotonic())
+
+
+_process_trimmer: tuple[int, HeapTrimmer] | None = None
+_process_trimmer_lock = threading.Lock()
+
+
+def process_heap_trimmer() -> HeapTrimmer:
+    """This process's one trimmer, started on first use. A worker process holding several models
+    (service/worker/host.py) must trim only when all of them pause: one model's pause is another's
+    batch, and a trimmer per model would trim under the others' batches, again and again."""
+    global _process_trimmer
+    with _process_trimmer_lock:
+        pid = os.getpid()
+        if _process_trimmer is None or _process_trimmer[0] != pid:  # a forked child starts its own
+            _process_trimmer = (pid, HeapTrimmer().start())
+        return _process_trimmer[1]
 
 
 def freeze_startup_objects() -> None:

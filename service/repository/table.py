@@ -52,6 +52,9 @@ class RoutingTable:
     # The main process is still loading the repository's first models (on demand: those that fit its
     # memory budget): the server is not ready yet, though some models may answer.
     filling: bool = False
+    # Worker id -> the pid of the process it runs in: the workers of one shared process
+    # (service/worker/host.py) share its cores, and the HTTP processes spread requests by process.
+    worker_processes: dict[int, int] = field(default_factory=dict)
 
     def routes(self) -> list[VersionRoute]:
         return [route for versions in self.models.values() for route in versions.values()]

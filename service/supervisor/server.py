@@ -125,6 +125,7 @@ class VisionLitServer(LitServerBridge):
             self.pool_stopping,
             parked=lambda: self.on_demand.routes() if self.on_demand is not None else {},
             filling=lambda: self.on_demand is not None and self.on_demand.filling,
+            processes=self.hosts.worker_processes,
         )
         self.states.on_change = self.table_publisher.publish_soon
         self.repository = RepositoryOperations(settings, layout, self.worker_set, self.table_publisher)
@@ -132,9 +133,8 @@ class VisionLitServer(LitServerBridge):
         self.on_demand = attach_memory_budget(
             self.repository, layout.accelerator, plans[0].serve_plan.workers, self.states, self.heartbeat_board
         )
-        self.control = ControlServer(
-            self.channels.directory, self.repository.handle, self.hosts.reports_to(self.states)
-        )
+        reports = self.hosts.reports_to(self.states)
+        self.control = ControlServer(self.channels.directory, self.repository.handle, reports)
         # Before LitServer.__init__, which registers the routes that use it.
         self.frontend = HttpFrontEnd(settings, self.channels, self.running, self.table_acks, SERVER_VERSION)
         first = plans[0].serve_plan

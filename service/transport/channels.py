@@ -46,7 +46,7 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -323,9 +323,21 @@ class ApiChannel:
         self._retired: set[int] = set()
         self._flush_scheduled = False
 
-    def pick_worker(self, ready: Collection[int]) -> int | None:
-        """The ready worker holding the fewest of this process's requests."""
-        return min(ready, key=self.held.per_worker.__getitem__, default=None)
+    def place_workers(self, processes: dict[int, int]) -> None:
+        """Which process each worker runs in (worker id -> pid), from the routing table."""
+        self.held.process_of = processes
+
+    def pick_worker(self, ready: Sequence[int]) -> int | None:
+        """The ready worker whose process holds the fewest of this process's requests, of those the
+        fewest itself. By process first: a model's workers sit in the shared worker processes beside
+        every other model's, and with traffic spread over many models each model's workers mostly
+        hold none, so a pick by worker alone would send every model's requests to its first worker,
+        all in one process, while the others idle."""
+        if len(ready) < 2:
+            return ready[0] if ready else None
+        held = self.held
+        per_process, per_worker, process = held.per_process, held.per_worker, held.process
+        return min(ready, key=lambda worker: (per_process[process(worker)], per_worker[worker]))
 
     def submit(self, worker_id: int, uid: int, request: ImageRequest) -> asyncio.Future[Answer]:
         """Queue ``request`` on ``worker_id``; the future gets its ``Answer`` (503 if the pipe is full).

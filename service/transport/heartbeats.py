@@ -7,16 +7,18 @@ its own slot, the main process reads them (service/supervisor/pool/hangs.py; the
 least recently used model, service/supervisor/pool/budget.py) and clears a worker's slot before it
 starts it.
 
-The worker's end is ``Heartbeat``: a thread of its own beats every ``BEAT_INTERVAL_S`` whatever the
-loop does, so a long batch does not silence it; the loop (service/worker/runner.py) sets and clears
-the batch's start. A process that is stopped (SIGSTOP, a debugger) or frozen in a native call that
-holds the GIL beats no more; one whose engine hangs with the GIL released (a kernel that never
-returns, a deadlocked library) beats on, with one batch held far longer than batches take.
+The worker's end is ``Heartbeat``: a thread of the process (one for all the models it holds) beats
+every ``BEAT_INTERVAL_S`` whatever the loop does, so a long batch does not silence it; the loop
+(service/worker/runner.py) sets and clears the batch's start. A process that is stopped (SIGSTOP, a
+debugger) or frozen in a native call that holds the GIL beats no more; one whose engine hangs with
+the GIL released (a kernel that never returns, a deadlocked library) beats on, with one batch held
+far longer than batches take.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, MutableSequence
@@ -89,18 +91,13 @@ class Heartbeat:
         self.worker_id = worker_id
         self.interval_s = interval_s
         self.clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.beat()
-        self._thread = threading.Thread(target=self._beat_until_stopped, name="vision-serve-heartbeat", daemon=True)
-        self._thread.start()
+        process_beater(self.interval_s).add(self)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.interval_s * 2)
+        process_beater(self.interval_s).remove(self)
 
     def beat(self) -> None:
         self.board.beat(self.worker_id, self.clock())
@@ -114,9 +111,49 @@ class Heartbeat:
         self.board.end_batch(self.worker_id, self.clock())
         self.beat()
 
-    def _beat_until_stopped(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.beat()
-            except Exception:  # never: a dead thread would get a live worker killed as hung
-                logger.exception("The heartbeat failed; beating on.")
+
+class ProcessBeater:
+    """One thread that beats, every ``interval_s``, for each heartbeat started in this process: a
+    worker process holding many models needs no thread per model for that."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._beating: set[Heartbeat] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._lock:
+            self._beating.add(heartbeat)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat_forever, name="vision-serve-heartbeat", daemon=True)
+                self._thread.start()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        with self._lock:
+            self._beating.discard(heartbeat)
+
+    def _beat_forever(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            with self._lock:
+                beating = list(self._beating)
+            for heartbeat in beating:
+                try:
+                    heartbeat.beat()
+                except Exception:  # never: a dead thread would get a live worker killed as hung
+                    logger.exception("The heartbeat of worker %d failed; beating on.", heartbeat.worker_id)
+
+
+_beaters: dict[tuple[int, float], ProcessBeater] = {}
+_beaters_lock = threading.Lock()
+
+
+def process_beater(interval_s: float) -> ProcessBeater:
+    """This process's beater for ``interval_s`` (made on first use; a forked child makes its own)."""
+    key = (os.getpid(), interval_s)
+    with _beaters_lock:
+        beater = _beaters.get(key)
+        if beater is None:
+            beater = _beaters[key] = ProcessBeater(interval_s)
+        return beater

@@ -22,12 +22,20 @@ from service.wire import Answer
 
 class HeldRequests:
     """By uid: each held request's worker and the future its submitter awaits (done already once the
-    submitter stopped waiting: a 504, a client that left); and how many each worker holds."""
+    submitter stopped waiting: a 504, a client that left); and how many each worker holds, and each
+    worker process (``per_process``: the workers of a shared process share its cores)."""
 
     def __init__(self) -> None:
         self.release: Callable[[int], None] | None = None  # the admission gate's, set by the request pipeline
-        self._entries: dict[int, tuple[int, asyncio.Future[Answer]]] = {}
+        self._entries: dict[int, tuple[int, int, asyncio.Future[Answer]]] = {}
         self.per_worker: defaultdict[int, int] = defaultdict(int)
+        self.per_process: defaultdict[int, int] = defaultdict(int)
+        # Worker id -> its process's pid, from the routing table (service/repository/table.py); a
+        # worker not in it counts as a process of its own (keyed by its negated id, never a pid).
+        self.process_of: dict[int, int] = {}
+
+    def process(self, worker_id: int) -> int:
+        return self.process_of.get(worker_id, -1 - worker_id)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -36,8 +44,10 @@ class HeldRequests:
         return uid in self._entries
 
     def add(self, uid: int, worker_id: int, future: asyncio.Future[Answer]) -> None:
-        self._entries[uid] = (worker_id, future)
+        process = self.process(worker_id)  # kept: the table may move the worker before its answer
+        self._entries[uid] = (worker_id, process, future)
         self.per_worker[worker_id] += 1
+        self.per_process[process] += 1
 
     def worker_of(self, uid: int) -> int | None:
         entry = self._entries.get(uid)
@@ -48,8 +58,10 @@ class HeldRequests:
         entry = self._entries.pop(uid, None)
         if entry is None:
             return None
-        self.per_worker[entry[0]] -= 1
-        return entry[1]
+        worker_id, process, future = entry
+        self.per_worker[worker_id] -= 1
+        self.per_process[process] -= 1
+        return future
 
     def settle(self, uid: int, answer: Answer) -> bool:
         """``uid``'s fate is known (``answer``): its submitter gets ``answer`` if it still waits; whether
@@ -67,7 +79,7 @@ class HeldRequests:
 
     def settle_worker(self, worker_id: int, answer: Answer) -> int:
         """Settle every request ``worker_id`` holds with ``answer``; how many (for ``let_go``)."""
-        uids = [uid for uid, (worker, _) in self._entries.items() if worker == worker_id]
+        uids = [uid for uid, (worker, _, _) in self._entries.items() if worker == worker_id]
         for uid in uids:
             self.settle(uid, answer)
         self.per_worker.pop(worker_id, None)
@@ -84,4 +96,5 @@ class HeldRequests:
         count = len(self._entries)
         self._entries.clear()
         self.per_worker.clear()
+        self.per_process.clear()
         self.let_go(count)

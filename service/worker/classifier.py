@@ -22,7 +22,7 @@ from PIL import Image
 from compile.model_request import ModelRequest
 from preprocessing import ImageError, PreparedBatch, Preprocessor, create_preprocessor
 from preprocessing.device_health import unusable_device
-from service.heap import HeapTrimmer
+from service.heap import process_heap_trimmer
 from service.metrics import metrics, record_gpu_memory
 from service.model_info import resolve_activation
 from service.settings import ServeSettings
@@ -163,6 +163,11 @@ def to_answer(result: ItemResult, served: ServedModel) -> Answer:
     )
 
 
+def never_idle() -> bool:
+    """What a classifier knows of the other workers before its loop tells it: never idle."""
+    return False
+
+
 class Classifier:
     """``prepare`` (decode, resize, upload; on a GPU on a CUDA stream of its own when pipelined) and
     ``run`` (engine, activation and top-k on the device, answers). Built by ``load`` in the worker."""
@@ -181,10 +186,10 @@ class Classifier:
         self.pipelined = settings.pipeline_depth > 1  # the plan resolved it (service/supervisor/planning/)
         on_gpu = device.type == "cuda"
         self.prepare_stream = torch.cuda.Stream(device) if self.pipelined and on_gpu else None
-        self.heap_trimmer = HeapTrimmer()
+        self.heap_trimmer = process_heap_trimmer()  # the process's, shared with its other models
         # Whether every other worker is idle (the loop's runner tells: service/worker/runner.py);
         # until then never, and a lone image runs on this worker's own threads.
-        self.others_idle: Callable[[], bool] = lambda: False
+        self.others_idle: Callable[[], bool] = never_idle
         self._gpu_memory_sampled_at = 0.0
 
     @classmethod
@@ -204,9 +209,17 @@ class Classifier:
         )
         classifier = cls(settings, served, preprocessor, torch_device)
         classifier.warm_up()
-        classifier.heap_trimmer.start()
         record_gpu_memory(torch_device)
         return classifier
+
+    def release(self) -> None:
+        """Drop the engine and the preprocessor now: the slot's loop ended, and its process may hold
+        other models for weeks (service/worker/host.py). Not left to the collector: the loop's runner
+        and this object reference each other (``watch_other_workers``), and the load froze this object
+        out of the collector's passes (service/heap.py), so that cycle, and the engine, would never go."""
+        self.others_idle = never_idle
+        self.prepare_stream = None
+        del self.served, self.preprocessor
 
     def watch_other_workers(self, others_idle: Callable[[], bool]) -> None:
         """The loop's hook: how to tell that no other worker is running a batch."""

@@ -96,21 +96,49 @@ class BatchCollector:
                 first_taken = time.monotonic()
                 if channel.read_cancels():  # once per batch: each read is a system call
                     self.clients_leaving()
-            if queued.request.expired(time.monotonic()):
-                # Its client already got a 504 from the HTTP process: do not run it.
-                expired += self._answer_expired([queued])
-            elif channel.abandoned(queued):
-                abandoned += 1  # its client left: nobody waits for an answer, and its place goes to another
-            else:
-                batch.append(queued)
+            left_abandoned, left_expired = self._admit(queued, batch)
+            abandoned += left_abandoned
+            expired += left_expired
+        return self._close(batch, abandoned, expired)
+
+    def top_up(self, batch: list[QueuedRequest]) -> list[QueuedRequest]:
+        """``batch`` with the requests that queued since it was taken, up to ``max_batch_size``,
+        without waiting for more; those whose client left meanwhile are dropped from it."""
+        channel = self.channel
+        newest = time.monotonic() < self.newest_first_until
+        if channel.read_cancels():
+            self.clients_leaving()
+        abandoned = expired = 0
+        while len(batch) < self.policy.max_batch_size:
+            queued = channel.receive(0, newest)
+            if queued is None:
+                break
+            left_abandoned, left_expired = self._admit(queued, batch)
+            abandoned += left_abandoned
+            expired += left_expired
+        return self._close(batch, abandoned, expired)
+
+    def _admit(self, queued: QueuedRequest, batch: list[QueuedRequest]) -> tuple[int, int]:
+        """Add ``queued`` to ``batch``, or leave it out: (1, 0) if its client left; (0, 1) if its
+        deadline passed after it waited a while (answered 504 here), (0, 0) if it passed sooner."""
+        if queued.request.expired(time.monotonic()):
+            # Its client already got a 504 from the HTTP process: do not run it.
+            return 0, self._answer_expired([queued])
+        if self.channel.abandoned(queued):
+            return 1, 0  # its client left: nobody waits for an answer, and its place goes to another
+        batch.append(queued)
+        return 0, 0
+
+    def _close(self, batch: list[QueuedRequest], abandoned: int, expired: int) -> list[QueuedRequest]:
+        """Count what was left out, and drop from ``batch`` the requests cancelled while it was taken."""
         if abandoned:
             metrics().requests_abandoned.labels(where="worker").inc(abandoned)
         if abandoned or expired:  # a deadline that passed in the queue says what a client leaving does
             self.clients_leaving()
         # Again at the end, for cancels sent while this batch was collected (its window, if any).
         if batch:
-            batch = channel.drop_abandoned(batch)
-        channel.answer_dropped()  # so that the HTTP processes free the dropped requests' slots
+            batch = self.channel.drop_abandoned(batch)
+        self.channel.answer_dropped()  # so that the HTTP processes free the dropped requests' slots
         return batch
 
     def clients_leaving(self) -> None:

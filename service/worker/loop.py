@@ -98,7 +98,7 @@ class GreedyBatchedLoop:
                 while not channel.drained and not stop.is_set():
                     batch = collector.get_batch()
                     if batch:
-                        runner.run_batch(batch)
+                        runner.run_batch(batch, collector.top_up)
             # Its version was replaced or unloaded, and every request it got is answered (or the main
             # process stopped it): its loop ends here, and the process frees it (service/worker/host.py).
             if channel.drained:

@@ -12,7 +12,8 @@ and ``finish`` raises ``DeviceUnusable``: the loop (service/worker/loop.py) ends
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableSequence
+import time
+from collections.abc import Callable, MutableSequence
 from typing import Generic
 
 from preprocessing.errors import DeviceUnusable
@@ -21,7 +22,7 @@ from service.transport.channels import WorkerChannel
 from service.transport.heartbeats import Heartbeat
 from service.wire import QueuedRequest, answer_for
 from service.worker.contract import BatchedModel, Prepared
-from service.worker.turns import ModelTurns, NoTurns
+from service.worker.turns import TURN_SLICE_S, ModelTurns, NoTurns
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class BatchRunner(Generic[Prepared]):
         self.heartbeat = heartbeat
         self._slot = worker_id % len(running) if running is not None else 0
         self._holding = False  # a batch is on the heartbeat (set and cleared by the running thread)
+        self.seconds_per_image: float | None = None  # of its last batch (or slice): how much fits a turn
 
     def others_idle(self) -> bool:
         """Whether no other worker of the server is running a batch now (a lone image may then use
@@ -69,11 +71,33 @@ class BatchRunner(Generic[Prepared]):
             return False
         return not (any(running[:slot]) or any(running[slot + 1 :]))  # slices: C speed over 1,024 slots
 
-    def run_batch(self, batch: list[QueuedRequest]) -> None:
-        """Prepare and run one batch, and answer it (pipeline depth 1)."""
-        with self.turns.turn():
-            self._hold()
-            self._finish(batch, self.prepare(batch))  # prepare never raises: finish releases the batch
+    def run_batch(
+        self, batch: list[QueuedRequest], top_up: Callable[[list[QueuedRequest]], list[QueuedRequest]] | None = None
+    ) -> None:
+        """Prepare and run one batch, and answer it (pipeline depth 1). ``top_up``: adds what queued
+        while the batch waited for the process's turn; while other models share the process, the batch
+        runs in slices, a turn each (service/worker/turns.py)."""
+        with self.turns.turn(id(self)) as waited:
+            if waited and top_up is not None:
+                batch = top_up(batch)  # [] if every client of it left while it waited
+            rest = self._run_slice(batch)
+        while rest:
+            with self.turns.turn(id(self)):
+                rest = self._run_slice(rest)
+
+    def _run_slice(self, batch: list[QueuedRequest]) -> list[QueuedRequest]:
+        """Prepare, run and answer the head of ``batch`` that fits one turn; returns the rest."""
+        if not batch:
+            return batch
+        size = len(batch)
+        if self.seconds_per_image is not None and self.turns.contended():
+            size = max(1, min(size, int(TURN_SLICE_S / self.seconds_per_image)))
+        head = batch[:size]
+        started = time.monotonic()
+        self._hold()
+        self._finish(head, self.prepare(head))  # prepare never raises: finish releases the batch
+        self.seconds_per_image = (time.monotonic() - started) / size
+        return batch[size:]
 
     def prepare(self, batch: list[QueuedRequest]) -> Prepared | PrepareFailed:
         """``model.prepare`` of the requests, or the exception it raised (``finish`` answers it)."""
@@ -85,7 +109,7 @@ class BatchRunner(Generic[Prepared]):
     def finish(self, batch: list[QueuedRequest], ready: Prepared | PrepareFailed) -> None:
         """Run the prepared batch and answer it; raises ``DeviceUnusable`` (after answering) if the
         failure broke the device."""
-        with self.turns.turn():
+        with self.turns.turn(id(self)):
             self._finish(batch, ready)
 
     def _finish(self, batch: list[QueuedRequest], ready: Prepared | PrepareFailed) -> None:

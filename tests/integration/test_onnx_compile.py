@@ -11,6 +11,7 @@ import sys
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image
@@ -25,8 +26,14 @@ from compile.triton_repository import RepositoryModels, parse_model_config
 from preprocessing.spec import PreprocessSpec
 from service.client.launcher import ServerProcess
 from service.client.vision_client import VisionClient
+from service.settings import ServeSettings
+from service.transport.control_channel import READY
+from service.worker.contract import BatchPolicy
 from service.worker.engine import load_artifact
+from service.worker.host import SlotSpec
 from tests.conftest import CAT_LABELS, encode, sample_array
+from tests.worker_hold import wait_until
+from tests.worker_hosts import main_process_end, place
 
 ort = pytest.importorskip("onnxruntime")
 LITE = ["--model", "efficientnet-lite0", "--device", "cpu", "--backend", "onnx"]
@@ -199,3 +206,33 @@ def test_triton_preprocessing_follows_the_manifest_spec(onnx_export, tmp_path) -
     triton_images = run_triton_preprocessing(tmp_path, names, photos)
     assert triton_images.shape == (len(photos), 3, 256, 256)
     torch.testing.assert_close(triton_images, DaliPreprocessor(spec, "cpu")(photos).images.float(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow  # four real loads in a spawned worker: ~30 s
+def test_a_worker_process_gives_back_what_each_stopped_model_held(onnx_export, tmp_path) -> None:
+    """A shared worker process loads and stops models for weeks (loading on demand, swaps): each
+    stopped slot's engine must go, or every cycle grows the process by an engine. Real slots in a real
+    spawned worker process, each loop started and stopped by the main process's commands; before
+    ``Classifier.release`` a frozen reference cycle kept every engine."""
+    output, _ = onnx_export
+    settings = ServeSettings(artifact=str(output), preprocess="pil", worker_isolation="shared")
+    spec = SlotSpec(settings, BatchPolicy(max_batch_size=8), "service.worker.classifier:Classifier")
+    resident, after_stop = [], []
+    with main_process_end(tmp_path) as (states, hosts):
+        for worker_id in range(4):
+            slot = place(states, hosts, worker_id, spec)
+            wait_until(lambda i=worker_id: states.get(i) == READY, f"worker {worker_id} is ready", timeout=120)
+            process = psutil.Process(slot.pid)
+            resident.append(process.memory_info().rss)
+            slot.terminate()
+            slot.join(30)
+            assert not slot.is_alive() and slot.exitcode == 0 and slot.host.alive(), (
+                "the slot ends, its process serves on"
+            )
+            after_stop.append(process.memory_info().rss)
+    engine = resident[0] - after_stop[0]  # what one resident model holds, as this process measures it
+    per_cycle = (after_stop[-1] - after_stop[0]) / (len(after_stop) - 1)
+    assert engine > 8 << 20, f"a loaded model should hold its engine: {engine / 2**20:.0f} MiB"
+    assert per_cycle < engine / 4, (
+        f"each load-and-stop grew the process by {per_cycle / 2**20:.1f} MiB (a model holds {engine / 2**20:.0f})"
+    )

@@ -27,6 +27,8 @@ from service.worker.contract import BatchPolicy
 from service.worker.loop import GreedyBatchedLoop
 from service.worker.pipeline import PipelinedRunner
 from service.worker.runner import DEVICE_FAILED, EXIT_DEVICE_UNUSABLE, MODEL_FAILED, BatchRunner
+from service.worker.turns import TURN_SLICE_S, ModelTurns
+from tests.worker_hold import wait_until
 
 DELIVERY_TIMEOUT_S = 5.0  # far more than a local socket needs to deliver what was sent
 
@@ -189,6 +191,112 @@ def test_each_request_of_a_batch_gets_its_own_answer(wire: Wire) -> None:
     assert [(uid, answer.predictions[0][1]) for uid, answer in wire.answered()] == [
         (f"uid-{i}", f"request-{i}") for i in range(3)
     ]
+
+
+class SizeLog(EchoModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def run(self, prepared: list[ImageRequest]) -> list[Answer]:
+        self.sizes.append(len(prepared))
+        return super().run(prepared)
+
+
+@pytest.mark.parametrize("max_batch_size", [8, 3])
+def test_a_batch_that_waited_for_its_turn_takes_what_queued_meanwhile(wire: Wire, max_batch_size: int) -> None:
+    """Another model of the process holds the turn: this model's batch of one waits, and the three
+    requests that queue meanwhile run in it (up to the max batch size), not one batch each after it."""
+    turns, model = ModelTurns(), SizeLog()
+    collector = _collector(wire, max_batch_size=max_batch_size)
+    runner = BatchRunner(model, wire.worker, 0, turns=turns)
+    wire.put(1)
+    batch = collector.get_batch()
+    other_model_holds, release = threading.Event(), threading.Event()
+
+    def other_model() -> None:
+        with turns.turn():
+            other_model_holds.set()
+            release.wait(10)
+
+    threading.Thread(target=other_model).start()
+    other_model_holds.wait(5)
+    waiting = threading.Thread(target=runner.run_batch, args=(batch, collector.top_up))
+    waiting.start()
+    wait_until(lambda: turns.waiting == 1, "this model's batch waits for its turn")
+    wire.put(3, start=1)
+    release.set()
+    waiting.join(10)
+    assert model.sizes == [min(4, max_batch_size)]
+    answered = sorted(uid for uid, _ in wire.answered(timeout_s=2))
+    assert answered == [f"uid-{i}" for i in range(min(4, max_batch_size))]
+    assert [m.uid for m in collector.get_batch()] == [f"uid-{i}" for i in range(max_batch_size, 4)]
+
+
+class SlowLog(SizeLog):
+    """10 ms an image, as a CPU's engine costs about the same per image whatever the batch; ``during_first``
+    runs inside its first call."""
+
+    def __init__(self, name: str, order: list[tuple[str, int]], during_first=None) -> None:
+        super().__init__()
+        self.name, self.order, self.during_first = name, order, during_first
+
+    def run(self, prepared: list[ImageRequest]) -> list[Answer]:
+        self.order.append((self.name, len(prepared)))
+        if self.during_first is not None:
+            self.during_first, during = None, self.during_first
+            during()
+        time.sleep(0.01 * len(prepared))
+        return super().run(prepared)
+
+
+def test_beside_another_model_a_long_batch_runs_in_slices_and_lets_it_in(tmp_path: Path) -> None:
+    """Two models share the process (the light one just ran). A light request that arrives as the busy
+    model's batch of 6 begins waits for one slice of it (about TURN_SLICE_S), not for all 6 images;
+    the rest of the batch runs after it."""
+    config = ChannelConfig(str(tmp_path), api_servers=1)
+    busy_wire, light_wire = WorkerChannel(config, 0), WorkerChannel(config, 1)
+    turns, order = ModelTurns(), []
+    light = BatchRunner(SlowLog("light", order), light_wire, 1, turns=turns)
+    light_thread = threading.Thread(target=light.run_batch, args=([QueuedRequest(0, 101, ImageRequest(b"b"))],))
+
+    def light_arrives() -> None:
+        light_thread.start()
+        wait_until(lambda: turns.waiting == 1, "the light model waits for its turn")
+
+    busy = BatchRunner(SlowLog("busy", order, light_arrives), busy_wire, 0, turns=turns)
+    busy.seconds_per_image = 0.01  # what its earlier batches measured
+    try:
+        light.run_batch([QueuedRequest(0, 100, ImageRequest(b"b"))])
+        busy.run_batch([QueuedRequest(0, uid, ImageRequest(b"a")) for uid in range(6)])
+        light_thread.join(5)
+    finally:
+        busy_wire.close()
+        light_wire.close()
+    assert order[0] == ("light", 1)
+    assert order[1][0] == "busy" and order[1][1] < 6, "the busy model's batch ran whole"
+    assert order[2] == ("light", 1), "the light model waited for the whole batch"
+    busy_slices = [size for name, size in order if name == "busy"]
+    assert sum(busy_slices) == 6 and max(busy_slices) <= TURN_SLICE_S / 0.01
+
+
+def test_a_model_alone_in_its_process_runs_its_batches_whole(wire: Wire) -> None:
+    order: list[tuple[str, int]] = []
+    runner = BatchRunner(SlowLog("alone", order), wire.worker, 0, turns=ModelTurns())
+    runner.seconds_per_image = 0.01
+    for _ in range(2):
+        runner.run_batch([QueuedRequest(0, uid, ImageRequest(b"x")) for uid in range(6)])
+    assert order == [("alone", 6), ("alone", 6)]
+
+
+def test_a_batch_that_did_not_wait_is_not_topped_up(wire: Wire) -> None:
+    model = SizeLog()
+    collector = _collector(wire, max_batch_size=8)
+    wire.put(1)
+    batch = collector.get_batch()
+    wire.put(2, start=1)
+    BatchRunner(model, wire.worker, 0, turns=ModelTurns()).run_batch(batch, collector.top_up)
+    assert model.sizes == [1], "a batch that got the turn at once runs as it was taken"
 
 
 @pytest.mark.parametrize(

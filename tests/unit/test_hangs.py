@@ -141,6 +141,26 @@ def test_a_killed_unresponsive_worker_is_restarted_not_taken_for_a_failed_setup(
     assert scene.after(1.0) == READY and scene.hung == ["silent"]
 
 
+def test_the_heartbeats_of_one_process_share_one_thread_and_a_stopped_one_beats_no_more() -> None:
+    """A worker process holding many models beats for each of them from one thread."""
+    board = HeartbeatBoard([0.0] * FIELDS * 3)
+    beats = [Heartbeat(board, worker_id, interval_s=0.03) for worker_id in range(3)]
+    before = {t.ident for t in threading.enumerate()}
+    for heartbeat in beats:
+        heartbeat.start()
+    try:
+        new = [t for t in threading.enumerate() if t.ident not in before and t.name == "vision-serve-heartbeat"]
+        assert len(new) <= 1, "one beating thread for the process, not one per model"
+        beats[1].stop()
+        stopped_at = board.read(1)[0]
+        time.sleep(0.3)
+        assert board.read(0)[0] > stopped_at and board.read(2)[0] > stopped_at, "the others beat on"
+        assert board.read(1)[0] == stopped_at, "a stopped model's slot is not beaten for"
+    finally:
+        for heartbeat in beats:
+            heartbeat.stop()
+
+
 def test_the_heartbeat_beats_in_its_own_thread_and_shows_the_batch() -> None:
     board = HeartbeatBoard([0.0] * FIELDS)
     heartbeat = Heartbeat(board, 0, interval_s=0.02)

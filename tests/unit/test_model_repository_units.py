@@ -188,6 +188,10 @@ class RecordingChannel:
     def __init__(self) -> None:
         self.retired: list[int] = []
         self.dropped: list[int] = []
+        self.processes: dict[int, int] = {}
+
+    def place_workers(self, processes: dict[int, int]) -> None:
+        self.processes = processes
 
     def retire(self, worker_id: int) -> None:
         self.retired.append(worker_id)
@@ -211,9 +215,10 @@ def test_the_watch_follows_each_table_retires_drops_and_acknowledges(tmp_path) -
     # Worker 1 loads version 2 beside version 1: the server stays ready, and version 2 gets nothing yet.
     assert watch.ready and acks == [-1, 1] and watch.ready_in(watch.table.resolve("pets")) == [0]
     states = {0: READY, 1: READY}
-    published.write(RoutingTable(2, {"pets": {2: route("pets", 2, (1,))}}, (0,), "pets", states))
+    published.write(RoutingTable(2, {"pets": {2: route("pets", 2, (1,))}}, (0,), "pets", states, False, {1: 77}))
     watch.refresh()
     assert watch.table.resolve("pets").version == 2 and channel.retired == [0] and acks == [-1, 2]
+    assert channel.processes == {1: 77}, "the channel picks workers by the process the table names"
     published.write(RoutingTable(3, {"pets": {2: route("pets", 2, (1,))}}, (), "pets", {1: READY}))  # 0 exited
     watch.refresh()
     assert channel.dropped == [0] and acks[1] == 3

@@ -5,6 +5,7 @@ it spreads images."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import pickle
 import time
@@ -148,6 +149,47 @@ def test_the_images_of_one_request_are_spread_over_the_workers_and_answered_in_o
             answers = (await asyncio.wait_for(waiting, TIMEOUT_S)).answers
             assert [a.predictions[0][1] for a in answers] == [str(index) for index in range(6)]
             assert {q.request.image for q in per_worker[0]} == {images[0], images[2], images[4]}
+        finally:
+            receiving.cancel()
+            channel.close()
+            for worker in workers:
+                worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_goes_to_the_worker_process_that_holds_fewer_requests(tmp_path) -> None:
+    """Shared worker processes: model lite's workers 0 and 1 and model b's 2 and 3 run in processes 100
+    and 200. While lite's image is held in process 100 (worker 0), b's goes to process 200 (worker 3),
+    though b's worker 2 holds none either: by worker alone, every model's first worker, all in one
+    process, would take the traffic spread over many models."""
+
+    async def scenario() -> None:
+        config = ChannelConfig(str(tmp_path), api_servers=1)
+        channel = ApiChannel(config, 0)
+        routes = route_of(1, (0, 1)), dataclasses.replace(route_of(1, (2, 3)), name="b")
+        table = table_of(*routes, ready=(0, 1, 2, 3))
+        TableFile(tmp_path).write(dataclasses.replace(table, worker_processes={0: 100, 2: 100, 1: 200, 3: 200}))
+        watch = WorkerWatch(channel, TableFile(tmp_path))
+        watch.refresh()
+        pipeline = RequestPipeline(RequestLimits(), AdmissionGate(16), timeout_s=30.0)
+        pipeline.attach(channel, watch, None)
+        workers = [WorkerChannel(config, worker_id) for worker_id in range(4)]
+        receiving = asyncio.create_task(channel.receive_answers())
+        try:
+            waiting = [classify(pipeline, [A])]
+            held = [await asyncio.to_thread(workers[0].receive, TIMEOUT_S)]
+            assert held[0] is not None and held[0].request.image == A
+            waiting.append(classify(pipeline, [B], model="b"))
+            held.append(await asyncio.to_thread(workers[3].receive, TIMEOUT_S))
+            assert held[1] is not None and held[1].request.image == B, "b's image went to the busy process"
+            assert workers[2].receive(0.2) is None
+            for worker, queued in zip((workers[0], workers[3]), held, strict=True):
+                worker.answer(queued, Answer(predictions=((0, "x", 1.0),), batch_size=1))
+            for task in waiting:
+                (answer,) = (await asyncio.wait_for(task, TIMEOUT_S)).answers
+                assert answer.predictions == ((0, "x", 1.0),)
+            assert dict(channel.held.per_process) == {100: 0, 200: 0}
         finally:
             receiving.cancel()
             channel.close()

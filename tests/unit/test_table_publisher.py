@@ -80,3 +80,19 @@ def test_the_default_model_is_the_only_one_or_the_one_named(tmp_path: Path, name
     models = {name: {1: route(name)} for name in names}
     publisher(tmp_path, [0], models, default_model).publish()
     assert TableFile(tmp_path).read_if_changed().default_model == expected
+
+
+def test_the_table_says_which_process_each_worker_runs_in(tmp_path: Path) -> None:
+    """What the HTTP processes spread requests by (service/transport/channels.py, ``pick_worker``)."""
+    table_publisher = TablePublisher(
+        str(tmp_path),
+        [0],
+        routes=lambda: ({"pets": {1: route("pets")}}, ()),
+        states=lambda: {0: "ready", 1: "ready"},
+        default_model="",
+        stopping=threading.Event(),
+        processes=lambda: {0: 4321, 1: 4321},
+    )
+    table_publisher.publish()
+    table = TableFile(tmp_path).read_if_changed()
+    assert table is not None and table.worker_processes == {0: 4321, 1: 4321}

@@ -12,14 +12,12 @@ server.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from service.settings import ServeSettings
-from service.supervisor.pool.hosts import WorkerHosts
 from service.supervisor.pool.states import WorkerStates
 from service.transport.channels import ApiChannel, ChannelConfig
 from service.transport.control_channel import (
@@ -28,15 +26,15 @@ from service.transport.control_channel import (
     STARTING,
     ControlReply,
     ControlRequest,
-    ControlServer,
     WorkerReport,
     call_main_process,
     report_to_main_process,
 )
 from service.wire import Answer, ImageRequest
 from service.worker.contract import BatchPolicy
-from service.worker.host import EXIT_SETUP_FAILED, HostResources, SlotSpec
+from service.worker.host import EXIT_SETUP_FAILED, SlotSpec
 from tests.worker_hold import wait_until
+from tests.worker_hosts import main_process_end, place
 
 
 class TrivialModel:
@@ -71,24 +69,8 @@ def spec(name: str = "lite", isolation: str = "shared") -> SlotSpec:
 
 @pytest.fixture
 def main_process(tmp_path: Path):
-    """The main process's end: the control server feeding ``WorkerStates`` and ``WorkerHosts``."""
-    states = WorkerStates()
-    channels = ChannelConfig(str(tmp_path), api_servers=1)
-    hosts = WorkerHosts(lambda: HostResources(channels, None, None, os.getpid()))
-    server = ControlServer(
-        str(tmp_path), lambda request: ControlReply(index=[{"name": request.model}]), hosts.reports_to(states)
-    )
-    server.start()
-    yield states, hosts
-    for process in hosts.processes():
-        process.kill()
-        process.join()
-    server.stop()
-
-
-def place(states: WorkerStates, hosts: WorkerHosts, worker_id: int, slot: SlotSpec, ordinal: int = 0):
-    states.set(worker_id, STARTING)
-    return hosts.place(slot, worker_id, "cpu", ordinal)
+    with main_process_end(tmp_path) as ends:
+        yield ends
 
 
 def test_shared_slots_load_in_one_process_and_a_failing_model_fails_alone(main_process) -> None:
@@ -108,6 +90,8 @@ def test_shared_slots_load_in_one_process_and_a_failing_model_fails_alone(main_p
     other_device = place(states, hosts, 3, spec("lite"), ordinal=1)
     wait_until(lambda: states.get(3) == READY, "worker 3 is ready")
     assert other_device.pid != first.pid, "a version's second worker goes to the second process"
+    # What the routing table tells the HTTP processes, which spread requests by process.
+    assert hosts.worker_processes() == {0: first.pid, 1: first.pid, 3: other_device.pid}
 
 
 def test_a_model_whose_engine_fails_fails_only_its_own_requests(tmp_path: Path, main_process) -> None:

@@ -101,6 +101,7 @@ class WorkerWatch:
     def follow_table(self, table: RoutingTable) -> None:
         """Take a newly published routing table: the workers' states, then retire, forget, acknowledge."""
         self.table = table
+        self._channel.place_workers(table.worker_processes)
         self.apply(table.worker_states)
         for worker_id in table.draining:
             self._channel.retire(worker_id)

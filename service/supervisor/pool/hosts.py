@@ -178,6 +178,11 @@ class WorkerHosts:
 
         return take
 
+    def worker_processes(self) -> dict[int, int]:
+        """Worker id -> the pid of the process it runs in (the slots of a shared process share one)."""
+        with self._lock:
+            return {worker_id: slot.pid for worker_id, slot in self._slots.items() if slot.pid is not None}
+
     def processes(self) -> list[BaseProcess]:
         """Every worker process started and not yet reaped (for the server's stop)."""
         with self._lock:

@@ -38,12 +38,13 @@ class TablePublisher:
         ack_timeout_s: float = ACK_TIMEOUT_S,
         parked: Callable[[], dict[str, dict[int, VersionRoute]]] = dict,
         filling: Callable[[], bool] = lambda: False,
+        processes: Callable[[], dict[int, int]] = dict,
     ) -> None:
         """``acks``: per HTTP process, the table generation it follows (-1: not started yet);
         ``routes``: the table's content now; ``states``: every worker's state now; ``default_model``:
         --default-model, or ""; ``parked``: the routes of the models not resident (a repository
         served on demand: service/supervisor/pool/on_demand.py); ``filling``: whether the first models
-        still load."""
+        still load; ``processes``: each worker's process (its pid)."""
         self.table_file = TableFile(channels_directory)
         self.acks = acks
         self.routes = routes
@@ -53,6 +54,7 @@ class TablePublisher:
         self.ack_timeout_s = ack_timeout_s
         self.parked = parked
         self.filling = filling
+        self.processes = processes
         self._generation = 0
         # Generations are written in the order their content was read: a later table never loses
         # to an earlier one that a slower thread wrote after it.
@@ -82,7 +84,9 @@ class TablePublisher:
         models = {**self.parked(), **models}
         # /predict without ?model=: --default-model, else the one model when there is exactly one.
         default = self.default_model or (next(iter(models)) if len(models) == 1 else "")
-        return RoutingTable(self._generation, models, draining, default, self.states(), self.filling())
+        return RoutingTable(
+            self._generation, models, draining, default, self.states(), self.filling(), self.processes()
+        )
 
     def publish(self) -> int:
         """Write the table with a new generation; returns it (not waiting for the HTTP processes)."""
