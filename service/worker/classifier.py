@@ -22,7 +22,7 @@ from PIL import Image
 from compile.model_request import ModelRequest
 from preprocessing import ImageError, PreparedBatch, Preprocessor, create_preprocessor
 from preprocessing.device_health import unusable_device
-from service.heap import process_heap_trimmer
+from service.heap import HeapTrimmer, process_heap_trimmer
 from service.metrics import metrics, record_gpu_memory
 from service.model_info import resolve_activation
 from service.settings import ServeSettings
@@ -186,7 +186,7 @@ class Classifier:
         self.pipelined = settings.pipeline_depth > 1  # the plan resolved it (service/supervisor/planning/)
         on_gpu = device.type == "cuda"
         self.prepare_stream = torch.cuda.Stream(device) if self.pipelined and on_gpu else None
-        self.heap_trimmer = process_heap_trimmer()  # the process's, shared with its other models
+        self.heap_trimmer = HeapTrimmer()  # not started: ``load`` gives a worker's classifier the process's
         # Whether every other worker is idle (the loop's runner tells: service/worker/runner.py);
         # until then never, and a lone image runs on this worker's own threads.
         self.others_idle: Callable[[], bool] = never_idle
@@ -209,6 +209,7 @@ class Classifier:
         )
         classifier = cls(settings, served, preprocessor, torch_device)
         classifier.warm_up()
+        classifier.heap_trimmer = process_heap_trimmer()  # shared with the process's other models
         record_gpu_memory(torch_device)
         return classifier
 
