@@ -83,12 +83,13 @@ def classify(
 
 
 def pipeline_with(
-    tmp_path: Path, workers: int, limit: int = 16, cache: ResponseCache | None = None
+    tmp_path: Path, workers: int, limit: int = 16, cache: ResponseCache | None = None, table: RoutingTable | None = None
 ) -> tuple[RequestPipeline, ApiChannel, list[WorkerChannel]]:
+    """``table``: the routing table published (default: one version served by every worker)."""
     config = ChannelConfig(str(tmp_path), api_servers=1)
     channel = ApiChannel(config, 0)
     serving = tuple(range(workers))
-    TableFile(tmp_path).write(table_of(route_of(1, serving), ready=serving))
+    TableFile(tmp_path).write(table or table_of(route_of(1, serving), ready=serving))
     watch = WorkerWatch(channel, TableFile(tmp_path))
     watch.refresh()
     pipeline = RequestPipeline(RequestLimits(), AdmissionGate(limit), timeout_s=30.0)
@@ -165,16 +166,11 @@ def test_a_request_goes_to_the_worker_process_that_holds_fewer_requests(tmp_path
     process, would take the traffic spread over many models."""
 
     async def scenario() -> None:
-        config = ChannelConfig(str(tmp_path), api_servers=1)
-        channel = ApiChannel(config, 0)
         routes = route_of(1, (0, 1)), dataclasses.replace(route_of(1, (2, 3)), name="b")
-        table = table_of(*routes, ready=(0, 1, 2, 3))
-        TableFile(tmp_path).write(dataclasses.replace(table, worker_processes={0: 100, 2: 100, 1: 200, 3: 200}))
-        watch = WorkerWatch(channel, TableFile(tmp_path))
-        watch.refresh()
-        pipeline = RequestPipeline(RequestLimits(), AdmissionGate(16), timeout_s=30.0)
-        pipeline.attach(channel, watch, None)
-        workers = [WorkerChannel(config, worker_id) for worker_id in range(4)]
+        table = dataclasses.replace(
+            table_of(*routes, ready=(0, 1, 2, 3)), worker_processes={0: 100, 2: 100, 1: 200, 3: 200}
+        )
+        pipeline, channel, workers = pipeline_with(tmp_path, workers=4, table=table)
         receiving = asyncio.create_task(channel.receive_answers())
         try:
             waiting = [classify(pipeline, [A])]
