@@ -101,7 +101,7 @@ MIN_WORKER_HEARTBEAT_TIMEOUT_S = 1.0  # two beats
 BATCH_HANG_TIMEOUT_S = 0.0
 BATCH_HANG_REQUEST_TIMEOUTS = 4
 MIN_BATCH_HANG_S = 120.0
-# Each HTTP connection (service/uvicorn_bridge.py): a request's headers must arrive within
+# Each HTTP connection (service/http/connection/): a request's headers must arrive within
 # HEADER_TIMEOUT_S of the connection's opening (or of the request's first byte) and be at most
 # MAX_HEADER_BYTES; its body within BODY_TIMEOUT_S of the headers (a 32 MB upload at 1 MB/s takes 32 s).
 # An idle kept-alive connection is closed after KEEP_ALIVE_TIMEOUT_S (uvicorn's timer).

@@ -19,13 +19,13 @@ from service.errors import ServiceError
 from service.http.base.auth import ApiKeyAuth
 from service.http.base.infer_paths import is_infer_path
 from service.http.base.observer import HttpObserver
+from service.http.fast_routes import add_fast_pattern_route, add_fast_route
 from service.http.oip.repository_routes import add_repository_routes
 from service.http.oip.routes import OipInferEndpoint, add_oip_routes
 from service.http.predict.render import handle_service_error
 from service.http.predict.routes import OPENAPI_EXTRA, PredictEndpoint
 from service.http.predict.upload_page import upload_page
 from service.http.process import HttpFrontEnd
-from service.litserve_bridge import add_fast_pattern_route, add_fast_route
 from service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from service.metrics import exposition
 

@@ -26,12 +26,14 @@ from fastapi import FastAPI
 from compile.unpacking import remove_every_unpacked, remove_unpacked_of, unpack_root
 from compile.versions import PROJECT_DISTRIBUTION, package_version
 from service.heap import freeze_startup_objects
+from service.http.connection.guard import guarded_http_protocol
+from service.http.connection.refusals import ConnectionLimits
 from service.http.process import HttpFrontEnd
 from service.http.routes import register_routes
-from service.litserve_bridge import LitServerBridge, StartupInterrupted, WorkerStartupFailed
 from service.logs import adopt_library_loggers
 from service.metrics import mark_process_dead, metrics, multiprocess_mode
 from service.settings import ServeSettings
+from service.supervisor.litserve_bridge import LitServerBridge
 from service.supervisor.planning.layout import ServerLayout, server_layout
 from service.supervisor.planning.plans import ServePlan, VersionPlan
 from service.supervisor.pool.hangs import hang_watch
@@ -42,11 +44,11 @@ from service.supervisor.pool.restarts import WorkerRestarter
 from service.supervisor.pool.states import WorkerStates
 from service.supervisor.pool.table_publisher import TablePublisher
 from service.supervisor.pool.workers import WorkerHooks, WorkerSet
+from service.supervisor.startup import StartupInterrupted, WorkerStartupFailed
 from service.transport.channels import ChannelConfig
 from service.transport.control_channel import ERROR, READY, ControlServer
 from service.transport.heartbeats import FIELDS as HEARTBEAT_FIELDS
 from service.transport.heartbeats import HeartbeatBoard
-from service.uvicorn_bridge import ConnectionLimits, guarded_http_protocol
 from service.worker.entry import CLASSIFIER, WorkerEntry
 from service.worker.host import HostResources, SlotSpec
 from service.worker.loop import BatchPolicy, GreedyBatchedLoop

@@ -21,7 +21,7 @@ Sends never block (``NOBLOCK``): a full pipe is an overload, and its requests ar
 Messages are the pickled types of service/wire.py: ``RequestBatch`` one way, ``AnswerBatch`` the
 other.
 
-A request whose client left (service/request_scope.py) is dropped wherever it still is: taken
+A request whose client left (service/http/base/request_scope.py) is dropped wherever it still is: taken
 out of this turn's message if it was not sent yet, else named to its worker on a third socket, the
 worker's cancel socket, which the worker reads before it prepares each batch (requests wait in the
 request pipe; a cancel behind them there would arrive too late).

@@ -73,7 +73,7 @@ def test_the_scan_finds_the_channels_it_is_meant_to() -> None:
         ("service/supervisor/pool/hosts.py", "a pipe"),
         ("service/supervisor/planning/launch.py", "a child process"),
         ("service/metrics.py", "environment for children"),
-        ("service/litserve_bridge.py", "a manager process"),
+        ("service/supervisor/litserve_bridge.py", "a manager process"),
         ("service/http/cache/redis_store.py", "Redis"),
     ):
         assert kind in found.get(module, []), (module, kind, found.get(module))

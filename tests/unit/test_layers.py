@@ -31,13 +31,18 @@ SERVICE_LAYERS: list[tuple[str, ...]] = [
         "service.wire",
         "service.metrics",
         "service.settings",
-        "service.request_scope",  # set by the connection (uvicorn_bridge), read by the request path
-        "service.litserve_bridge",
-        "service.uvicorn_bridge",
         "service.tracing",
     ),
     ("service.transport", "service.repository"),
-    ("service.worker", "service.http.base", "service.http.cache"),
+    # what every protocol of an HTTP process shares; the guard of its connections (uvicorn's internals),
+    # which leaves each request's Departure in its scope (http/base/request_scope.py) for the request path
+    (
+        "service.worker",
+        "service.http.base",
+        "service.http.cache",
+        "service.http.connection",
+        "service.http.fast_routes",
+    ),
     # one request's way through an HTTP process: calls base/ and cache/ in order, never called back
     ("service.http.pipeline",),
     ("service.http.predict", "service.http.oip"),

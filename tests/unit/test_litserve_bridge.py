@@ -1,4 +1,5 @@
-"""One contract test per LitServe internal that service/litserve_bridge.py uses.
+"""One contract test per LitServe internal that service/supervisor/litserve_bridge.py and
+service/http/fast_routes.py use.
 
 If a LitServe upgrade moves one of them, the test named for it fails here, instead of a request
 path failing somewhere else. The behavioural test runs LitServe's own in-process start helper with a
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import multiprocessing
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from multiprocessing.process import BaseProcess
 
 import httpx
@@ -23,8 +25,9 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 from litserve.utils import wrap_litserve_start
 
-from service import litserve_bridge
-from service.litserve_bridge import LitServerBridge
+from service.http.fast_routes import add_fast_route
+from service.supervisor import litserve_bridge
+from service.supervisor.litserve_bridge import LitServerBridge
 
 
 def parameters(function: object) -> list[str]:
@@ -111,6 +114,27 @@ def test_init_manager_does_what_the_bridge_copies_of_it() -> None:
 def test_run_numbers_each_http_process_in_app_response_queue_id() -> None:
     source = inspect.getsource(ls.LitServer._start_server)
     assert "self.app.response_queue_id = response_queue_id" in source
+
+
+def test_each_http_process_serves_a_shallow_copy_of_the_app_which_keeps_its_fast_routes() -> None:
+    """add_fast_route turns the app's instance into a subclass: LitServe's shallow copy per HTTP
+    process must keep that class and its routes (a deep copy or a new app would drop them)."""
+    assert "app: FastAPI = copy.copy(self.app)" in inspect.getsource(ls.LitServer._start_server)
+    app = FastAPI()
+
+    async def fast(scope: dict, receive: object, send: Callable[[dict], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-route", b"fast")]})
+        await send({"type": "http.response.body", "body": b"fast"})
+
+    add_fast_route(app, "POST", "/predict", fast)
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=copy.copy(app))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/predict", content=b"x")
+
+    response = asyncio.run(post())
+    assert (response.status_code, response.headers.get("x-route"), response.content) == (200, "fast", b"fast")
 
 
 def test_run_calls_init_manager_then_verify_then_monitoring_in_that_order() -> None:

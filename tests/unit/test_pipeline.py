@@ -20,6 +20,7 @@ from PIL import Image
 from service.errors import ClientClosed, NotFound, ServiceError, Unavailable
 from service.http.base.admission import AdmissionGate
 from service.http.base.limits import RequestLimits
+from service.http.base.request_scope import Departure
 from service.http.base.worker_watch import WorkerWatch
 from service.http.cache import ResponseCache
 from service.http.pipeline.ask import Ask, Outcome
@@ -28,7 +29,6 @@ from service.http.pipeline.submit import CLIENT_LEFT
 from service.metrics import metrics
 from service.model_info import ModelInfo
 from service.repository.table import RoutingTable, TableFile, VersionRoute
-from service.request_scope import Departure
 from service.transport.channels import ApiChannel, ChannelConfig, WorkerChannel
 from service.transport.control_channel import READY
 from service.wire import AbandonedRequests, Answer, ImageRequest, RequestBatch

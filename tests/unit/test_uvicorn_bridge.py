@@ -1,4 +1,5 @@
-"""One contract test per uvicorn internal that service/uvicorn_bridge.py uses, and its version check.
+"""One contract test per uvicorn internal that the connection guard (service/http/connection/) uses,
+and its version check.
 
 The behavioural tests run the guarded protocol inside a real uvicorn server on loopback (a thread of
 this process, a trivial ASGI app, limits of a fraction of a second), so an upgrade that renames a
@@ -21,16 +22,12 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.client.launcher import free_port
-from service.request_scope import BODY_CUT_OFF, departure_of
-from service.uvicorn_bridge import (
-    MAX_PIPELINED,
-    SUPPORTED_UVICORN,
-    SWEEP_INTERVAL_S,
-    ConnectionLimits,
-    after_headers_ends,
-    check_uvicorn_version,
-    guarded_http_protocol,
-)
+from service.http.base.request_scope import BODY_CUT_OFF, departure_of
+from service.http.connection.guard import guarded_http_protocol
+from service.http.connection.pipelining import MAX_PIPELINED, after_headers_ends
+from service.http.connection.refusals import ConnectionLimits
+from service.http.connection.sweep import SWEEP_INTERVAL_S
+from service.http.connection.uvicorn_version import SUPPORTED_UVICORN, check_uvicorn_version
 
 LIMITS = ConnectionLimits(max_header_bytes=2048, header_timeout_s=0.3, body_timeout_s=0.3)
 # The deadline plus one sweep, and a margin for a busy machine.

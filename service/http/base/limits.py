@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from service import _defaults
 from service.errors import ClientClosed, PayloadTooLarge, ServiceError, error_of_status
-from service.request_scope import BODY_CUT_OFF
+from service.http.base.request_scope import BODY_CUT_OFF
 
 
 @dataclass(frozen=True)

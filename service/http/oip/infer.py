@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from service.http.base.deadlines import TIMEOUT_PARAMETER, ClientDeadline
+from service.http.base.request_scope import Departure
 from service.http.oip.tensors import InferCall, failed_items
 from service.http.pipeline.ask import Ask, Outcome
 from service.http.pipeline.pipeline import RequestPipeline
 from service.metrics import metrics
-from service.request_scope import Departure
 from service.wire import Answer
 
 

@@ -21,6 +21,7 @@ from service.errors import InvalidInput, PayloadTooLarge, ServiceError, Unsuppor
 from service.http.base.deadlines import TIMEOUT_PARAMETER, header_deadline, parameter_timeout_s
 from service.http.base.infer_paths import model_in_path
 from service.http.base.limits import read_body
+from service.http.base.request_scope import departure_of
 from service.http.base.server_timing import server_timing
 from service.http.oip.infer import run_infer
 from service.http.oip.tensors import (
@@ -42,7 +43,6 @@ from service.http.oip.tensors import (
 )
 from service.http.pipeline.pipeline import RequestPipeline
 from service.repository.table import RoutingTable, VersionRoute
-from service.request_scope import departure_of
 from service.tracing import stage_span
 
 HEADER_LENGTH = "inference-header-content-length"

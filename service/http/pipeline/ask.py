@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from service.http.base.deadlines import ClientDeadline
+from service.http.base.request_scope import Departure
 from service.http.cache.front import from_cache
 from service.repository.table import VersionRoute
-from service.request_scope import Departure
 from service.wire import Answer
 
 

@@ -2,7 +2,7 @@
 
 Each image is its own batch item: the workers batch images, not requests, so a request of 64 images
 fills two batches of 32 and shares them with other requests. A client that leaves while they wait
-(its connection closes: service/request_scope.py; its gRPC call is cancelled) has them dropped
+(its connection closes: service/http/base/request_scope.py; its gRPC call is cancelled) has them dropped
 wherever they are, unrun; so does one whose deadline passes (its own, service/http/base/deadlines.py,
 or the server's --request-timeout-s), and it is answered 504 at that moment. An image whose deadline
 passed before it is submitted (a slow upload or cache lookup) is answered 504 at once and never sent.
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 from service.errors import ClientClosed, DeadlineExceeded
 from service.http.base.deadlines import ClientDeadline, ended_by
+from service.http.base.request_scope import Departure
 from service.logs import REQUEST_ID
 from service.metrics import metrics
-from service.request_scope import Departure
 from service.tracing import current_traceparent, wait_span
 from service.transport.channels import ApiChannel
 from service.wire import Answer, ImageRequest, answer_for

@@ -15,12 +15,12 @@ from starlette.responses import Response
 
 from service.errors import InvalidInput, ServiceError, error_of_status
 from service.http.base.deadlines import header_deadline
+from service.http.base.request_scope import departure_of
 from service.http.pipeline.ask import Ask, Outcome
 from service.http.pipeline.pipeline import RequestPipeline
 from service.http.predict.parsing import PredictRequest, read_predict_request
 from service.http.predict.render import error_response, render, render_many
 from service.metrics import metrics
-from service.request_scope import departure_of
 from service.tracing import stage_span
 from service.wire import Answer
 
@@ -99,7 +99,7 @@ def alone_fails_whole(parsed: PredictRequest, refused: list[Answer | None]) -> N
 
 class PredictEndpoint:
     """Also a plain ASGI app (``__call__``), which the server mounts ahead of FastAPI's stack
-    (service/litserve_bridge.py ``add_fast_route``); ``check_auth`` then does what the route's
+    (service/http/fast_routes.py ``add_fast_route``); ``check_auth`` then does what the route's
     dependency would.
     """
 

@@ -1,6 +1,6 @@
 """What the connection leaves in each request's ASGI scope for the routes that serve it.
 
-Set by the connection guard (service/uvicorn_bridge.py), read by the HTTP process's request path
+Set by the connection guard (service/http/connection/guard.py), read by the HTTP process's request path
 (service/http/): both import this module, which imports nothing of either, so no import runs back up
 from the bridge to the routes.
 

@@ -5,7 +5,8 @@ vision-serve keeps ``ls.LitAPI`` as its model contract and LitServe's start of t
 request and answer transport (service/transport/channels.py), the inference workers (spawned by the
 model pool, service/supervisor/pool/, which keeps their states: LitServe's manager dict is not used),
 batching loop, worker recovery. That needs hooks LitServe does not make public. ``LitServerBridge``
-turns them into plain methods for service/supervisor/server.py.
+turns them into plain methods for server.py beside it. (The HTTP processes' fast routes, which
+rely on how LitServe hands each of them its app, are service/http/fast_routes.py.)
 tests/unit/test_litserve_bridge.py holds one contract test per internal used here, so an upgrade that
 moves one fails there, by name, instead of somewhere in the request path.
 """
@@ -38,19 +39,11 @@ def check_litserve_version(installed: str) -> None:
         raise ImportError(
             f"vision-serve uses LitServe internals checked against litserve=={SUPPORTED_LITSERVE}, but "
             f"{installed} is installed: pip install litserve=={SUPPORTED_LITSERVE}. To move to a new "
-            "version, run tests/unit/test_litserve_bridge.py against it and fix service/litserve_bridge.py."
+            "version, run tests/unit/test_litserve_bridge.py against it and fix service/supervisor/litserve_bridge.py."
         )
 
 
 check_litserve_version(ls.__version__)
-
-
-class StartupInterrupted(Exception):
-    """A stop signal arrived before any worker was ready."""
-
-
-class WorkerStartupFailed(RuntimeError):
-    """An inference worker's setup raised; its traceback is in the log above."""
 
 
 class LitServerBridge(ls.LitServer):
@@ -175,47 +168,3 @@ class LitServerBridge(ls.LitServer):
 
     def launch_inference_worker(self, lit_api: ls.LitAPI) -> list[BaseProcess]:
         return self.launch_workers()
-
-
-class _AppWithFastRoutes(FastAPI):
-    """A FastAPI app that answers a few (method, path) pairs with plain ASGI handlers, ahead of its
-    own middleware, routing and dependency stack, the largest cost of a request in the HTTP process.
-    Every other request takes FastAPI's path."""
-
-    fast_routes: dict[tuple[str, str], Callable[..., Any]]
-    fast_patterns: list[tuple[str, Callable[[str], bool], Callable[..., Any]]]
-
-    async def __call__(self, scope: dict, receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] == "http":
-            method, path = scope["method"], scope["path"]
-            handler = self.fast_routes.get((method, path))
-            if handler is None:
-                handler = next((h for m, matches, h in self.fast_patterns if m == method and matches(path)), None)
-            if handler is not None:
-                await handler(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
-
-
-def add_fast_route(app: FastAPI, method: str, path: str, handler: Callable[..., Any]) -> None:
-    """Answer ``method path`` with the ASGI ``handler`` before FastAPI sees the request.
-
-    LitServe builds the app (``LitServer.app``) and hands each HTTP process a shallow copy of it
-    (``_start_server``); turning the instance into a subclass keeps both its routes and that copy.
-    """
-    _with_fast_routes(app).fast_routes[(method, path)] = handler
-
-
-def add_fast_pattern_route(
-    app: FastAPI, method: str, matches: Callable[[str], bool], handler: Callable[..., Any]
-) -> None:
-    """``add_fast_route`` for every path ``matches`` accepts (the OIP infer path of any model name)."""
-    _with_fast_routes(app).fast_patterns.append((method, matches, handler))
-
-
-def _with_fast_routes(app: FastAPI) -> _AppWithFastRoutes:
-    if not isinstance(app, _AppWithFastRoutes):
-        app.__class__ = _AppWithFastRoutes
-        app.fast_routes = {}
-        app.fast_patterns = []
-    return app
