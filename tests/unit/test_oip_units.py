@@ -17,8 +17,9 @@ from tritonclient.grpc import service_pb2
 
 from service.errors import ServiceError
 from service.http.base.observer import client_request_id
-from service.http.grpc.service import parse_grpc_request
-from service.http.oip.routes import decompress, encode_infer_response, model_in_path, parse_infer_body
+from service.http.grpc.proto_request import parse_grpc_request
+from service.http.oip.json_request import parse_infer_body
+from service.http.oip.routes import decompress, encode_infer_response, model_in_path
 from service.http.oip.tensors import (
     CLASS_INDICES,
     LABELS,
@@ -212,6 +213,65 @@ def test_grpc_request_typed_contents() -> None:
         request = service_pb2.ModelInferRequest(model_name="m")
         request.inputs.add(name="IMAGE", datatype="UINT8", shape=[2]).contents.uint_contents.extend([1, 300])
         parse_grpc_request(request, LIMIT)
+
+
+def one_request_both_ways(
+    datatype: str, shape: list[int], files: list[bytes], outputs: list[tuple[str, int | None]], top_k: object
+) -> tuple[bytes, service_pb2.ModelInferRequest]:
+    """The same infer request as HTTP's binary extension and as a ModelInferRequest (raw contents)."""
+    raw = b"".join(files) if datatype == "UINT8" else serialize_bytes(files)
+    # gRPC sends every output raw: so does this body.
+    parameters = {"binary_data_output": True} | ({} if top_k is None else {"top_k": top_k})
+    wanted = [
+        {"name": name, "parameters": {"binary_data": True, **({} if c is None else {"classification": c})}}
+        for name, c in outputs
+    ]
+    tensor = {"name": "IMAGE", "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(raw)}}
+    header = json.dumps({"inputs": [tensor], "outputs": wanted, "parameters": parameters}).encode()
+    proto = service_pb2.ModelInferRequest(model_name="m")
+    proto.inputs.add(name="IMAGE", datatype=datatype, shape=shape)
+    proto.raw_input_contents.append(raw)
+    for name, classification in outputs:
+        output = proto.outputs.add(name=name)
+        if classification is not None:
+            output.parameters["classification"].int64_param = classification
+    if top_k is not None:
+        proto.parameters["top_k"].int64_param = top_k
+    return header + raw, proto
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "files", "outputs", "top_k"),
+    [
+        ("BYTES", [2], [b"one", b"two"], [(LABELS, None), (LOGITS, 3)], 7),  # good
+        ("UINT8", [2, 3], [b"one", b"two"], [], None),  # good, the default outputs
+        ("FP32", [1], [b"one"], [], None),  # the datatype
+        ("BYTES", [1, 2], [b"one"], [], None),  # the shape
+        ("BYTES", [0], [], [], None),  # no image
+        ("BYTES", [LIMIT + 1], [b"x"] * (LIMIT + 1), [], None),  # too many: 413
+        ("BYTES", [3], [b"one", b"two"], [], None),  # fewer elements than the shape says
+        ("UINT8", [2, 0], [], [], None),  # rows of nothing
+        ("BYTES", [1], [b"one"], [("SCORES", None)], None),  # an unknown output, after the input's faults
+        ("BYTES", [1], [b"one"], [(LABELS, 2)], None),  # classification on LABELS
+        ("BYTES", [1], [b"one"], [(LOGITS, 0)], None),  # classification out of range
+        ("BYTES", [1], [b"one"], [(LABELS, None)], 0),  # top_k out of range
+        ("FP32", [1], [b"one"], [("SCORES", None)], 0),  # several faults: the input's is the answer
+    ],
+)
+def test_http_and_grpc_build_the_same_call_and_answer_the_same_first_fault(
+    datatype, shape, files, outputs, top_k
+) -> None:
+    """One builder behind both transports: the same request sent either way is the same call, or the
+    same error (status and message)."""
+    body, proto = one_request_both_ways(datatype, shape, files, outputs, top_k)
+    header_length = str(len(body) - len(proto.raw_input_contents[0]))
+    answers = []
+    for parse in (lambda: parse_infer_body(body, header_length, LIMIT), lambda: parse_grpc_request(proto, LIMIT)):
+        try:
+            answers.append(parse())
+        except ServiceError as error:
+            answers.append((error.status, str(error)))
+    assert answers[0] == answers[1]
 
 
 def test_a_huge_shape_is_refused_before_any_work() -> None:

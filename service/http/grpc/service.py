@@ -39,23 +39,15 @@ from service.errors import (
     UnsupportedMediaType,
 )
 from service.http.base.auth import ApiKeyAuth
-from service.http.base.deadlines import GRPC_DEADLINE, TIMEOUT_PARAMETER, ClientDeadline, parameter_timeout_s
+from service.http.base.deadlines import GRPC_DEADLINE, ClientDeadline
 from service.http.base.observer import NO_ANSWER, client_request_id, log_access
+from service.http.grpc.proto_request import parse_grpc_request
 from service.http.oip.infer import run_infer
 from service.http.oip.tensors import (
-    CLASSIFICATION_PARAMETER,
-    INPUT_NAME,
     SERVER_NAME,
-    TOP_K_PARAMETER,
     InferCall,
-    all_outputs,
     build_outputs,
-    check_input,
-    deserialize_bytes,
-    images_from_elements,
     model_metadata,
-    oip_top_k,
-    parse_output,
     server_extensions,
 )
 from service.http.pipeline.pipeline import RequestPipeline
@@ -114,47 +106,6 @@ def grpc_status(error: ServiceError) -> grpc.StatusCode:
 def response_parameters(load_ms: float) -> dict[str, service_pb2.InferParameter] | None:
     """How long the call waited for its model to load on demand, as HTTP's Server-Timing says it."""
     return {LOAD_MS_PARAMETER: service_pb2.InferParameter(double_param=load_ms)} if load_ms else None
-
-
-def parameter_value(parameter: service_pb2.InferParameter) -> object:
-    choice = parameter.WhichOneof("parameter_choice")
-    return None if choice is None else getattr(parameter, choice)
-
-
-def parse_grpc_request(request: service_pb2.ModelInferRequest, max_images: int) -> InferCall:
-    """A ModelInferRequest as an ``InferCall``; ``ServiceError`` 400 for what the model cannot take."""
-    if len(request.inputs) != 1:
-        raise InvalidInput(f"The infer request needs one input, {INPUT_NAME} (the image files).")
-    tensor = request.inputs[0]
-    datatype, shape = check_input(tensor.name, tensor.datatype, list(tensor.shape))
-    if request.raw_input_contents:
-        if len(request.raw_input_contents) != 1:
-            raise InvalidInput(f"raw_input_contents must hold one entry, for {INPUT_NAME}.")
-        raw = request.raw_input_contents[0]
-        elements = raw if datatype == "UINT8" else deserialize_bytes(raw)
-    elif datatype == "BYTES":
-        elements = list(tensor.contents.bytes_contents)
-    else:
-        try:
-            elements = bytes(tensor.contents.uint_contents)
-        except ValueError:
-            raise InvalidInput(f"Input '{INPUT_NAME}': UINT8 contents must be from 0 to 255.") from None
-    images = images_from_elements(datatype, shape, elements, max_images)
-    outputs = []
-    for output in request.outputs:
-        classification = output.parameters.get(CLASSIFICATION_PARAMETER)
-        outputs.append(
-            parse_output(output.name, True, None if classification is None else parameter_value(classification))
-        )
-    top_k = request.parameters.get(TOP_K_PARAMETER)
-    timeout = request.parameters.get(TIMEOUT_PARAMETER)
-    return InferCall(
-        images,
-        oip_top_k(None if top_k is None else parameter_value(top_k)),
-        outputs or all_outputs(binary=True),
-        request.id or None,
-        parameter_timeout_s(None if timeout is None else parameter_value(timeout)),
-    )
 
 
 def grpc_deadline(context: grpc.aio.ServicerContext) -> ClientDeadline:

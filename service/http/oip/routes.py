@@ -18,27 +18,19 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, http_headers
-from service.http.base.deadlines import TIMEOUT_PARAMETER, header_deadline, parameter_timeout_s
+from service.http.base.deadlines import header_deadline
 from service.http.base.infer_paths import model_in_path
 from service.http.base.limits import read_body
 from service.http.base.request_scope import departure_of
 from service.http.base.server_timing import server_timing
 from service.http.oip.infer import run_infer
+from service.http.oip.json_request import parse_infer_body
 from service.http.oip.tensors import (
-    CLASSIFICATION_PARAMETER,
     SERVER_NAME,
-    TOP_K_PARAMETER,
     InferCall,
     OutputTensor,
-    all_outputs,
     build_outputs,
-    check_input,
-    deserialize_bytes,
-    images_from_elements,
-    json_elements,
     model_metadata,
-    oip_top_k,
-    parse_output,
     server_extensions,
 )
 from service.http.pipeline.pipeline import RequestPipeline
@@ -53,71 +45,6 @@ def error_response(error: ServiceError) -> JSONResponse:
     return JSONResponse(
         {"error": error.message}, status_code=error.status, headers=http_headers(error.status, error.retry_after_s)
     )
-
-
-def parse_infer_body(body: bytes, header_length: str | None, max_images: int) -> InferCall:
-    """An infer request's JSON (and binary tensors after it, with ``Inference-Header-Content-Length``)."""
-    if header_length is None:
-        header, binary = body, b""
-    else:
-        # isascii and the length first: int() of "²" or of 5,000 digits raises.
-        if not (header_length.isascii() and header_length.isdigit() and len(header_length) <= 12) or int(
-            header_length
-        ) > len(body):
-            raise InvalidInput(
-                f"Inference-Header-Content-Length {header_length!r} must be the JSON header's length in bytes, at "
-                f"most the body's {len(body)}.",
-            )
-        header, binary = body[: int(header_length)], body[int(header_length) :]
-    try:
-        request = json.loads(header)
-    except (ValueError, RecursionError):
-        raise InvalidInput("The infer request's JSON is not valid JSON.") from None
-    if not isinstance(request, dict):
-        raise InvalidInput('The infer request must be a JSON object with "inputs".')
-    parameters = _object(request.get("parameters"), "parameters")
-    inputs = request.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InvalidInput('The infer request needs "inputs" with one input, IMAGE (the image files).')
-    tensor = inputs[0]
-    datatype, shape = check_input(tensor.get("name"), tensor.get("datatype"), tensor.get("shape"))
-    size = _object(tensor.get("parameters"), "input parameters").get("binary_data_size")
-    if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int) or size != len(binary):
-            raise InvalidInput(
-                f"Input IMAGE: binary_data_size {size!r} must equal the {len(binary)} bytes after the JSON header."
-            )
-        elements = binary if datatype == "UINT8" else deserialize_bytes(binary)
-    elif "data" in tensor:
-        if binary:
-            raise InvalidInput("The body has binary data after the JSON header, but no input names a binary_data_size.")
-        elements = json_elements(datatype, tensor["data"])
-    else:
-        raise InvalidInput('Input IMAGE needs "data" (JSON) or a "binary_data_size" parameter (binary extension).')
-    images = images_from_elements(datatype, shape, elements, max_images)
-    binary_default = parameters.get("binary_data_output", False)
-    if not isinstance(binary_default, bool):
-        raise InvalidInput(f"Parameter 'binary_data_output' must be true or false, got {binary_default!r}.")
-    outputs = request.get("outputs")
-    if not outputs:  # none named: all of them, as Triton answers
-        requested = all_outputs(binary_default)
-    elif not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
-        raise InvalidInput('"outputs" must be a list of objects with a "name".')
-    else:
-        requested = []
-        for output in outputs:
-            output_parameters = _object(output.get("parameters"), "output parameters")
-            requested.append(
-                parse_output(
-                    output.get("name"),
-                    output_parameters.get("binary_data", binary_default),
-                    output_parameters.get(CLASSIFICATION_PARAMETER),
-                )
-            )
-    request_id = request.get("id")
-    top_k = oip_top_k(parameters.get(TOP_K_PARAMETER))
-    timeout_s = parameter_timeout_s(parameters.get(TIMEOUT_PARAMETER))
-    return InferCall(images, top_k, requested, request_id if isinstance(request_id, str) else None, timeout_s)
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -136,14 +63,6 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     if len(inflated) > limit:
         raise PayloadTooLarge(f"The request body inflates to more than {limit:,} bytes (server flag --max-body-bytes).")
     return inflated
-
-
-def _object(value: object, what: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidInput(f'"{what}" must be a JSON object.')
-    return value
 
 
 def encode_infer_response(

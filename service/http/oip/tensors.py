@@ -1,7 +1,8 @@
 """The Open Inference Protocol (KServe v2; Triton's HTTP/REST and gRPC API) for an image classifier.
 
-What an infer request asks for and what its outputs hold, independent of the transport: the HTTP
-routes (service/http/oip/routes.py) and the gRPC service (service/http/grpc/service.py) move the bytes.
+What an infer call asks for (``InferCall``, made by service/http/oip/infer_request.py's checks) and
+what its outputs hold, independent of the transport: the HTTP routes (service/http/oip/routes.py) and
+the gRPC service (service/http/grpc/service.py) move the bytes.
 
 The model, as its metadata tells clients:
 - input ``IMAGE``: the encoded image files, ``BYTES`` of shape ``[N]`` or ``[N, 1]`` (base64
@@ -20,17 +21,13 @@ naming the failing items.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from service import _defaults
-from service.errors import Internal, InvalidInput, PayloadTooLarge, error_of_status
-from service.http.base.top_k import top_k_value
+from service.errors import Internal, InvalidInput, error_of_status
 from service.wire import LOGITS_DTYPE, Answer
 
 INPUT_NAME = "IMAGE"
@@ -136,133 +133,6 @@ def deserialize_bytes(raw: bytes) -> list[bytes]:
     return elements
 
 
-def oip_top_k(value: object) -> int:
-    """The ``top_k`` request parameter (default 5): a JSON integer, else ``ServiceError`` 400."""
-    if value is None:
-        return _defaults.TOP_K
-    top_k = top_k_value(value, text_allowed=False)
-    if top_k is None:
-        raise InvalidInput(f"Parameter 'top_k' must be an integer from 1 to {_defaults.MAX_TOP_K}, got {value!r}.")
-    return top_k
-
-
-def parse_output(name: object, binary: object, classification: object) -> RequestedOutput:
-    if not isinstance(name, str) or name not in OUTPUT_DATATYPES:
-        raise InvalidInput(f"Unknown output {name!r}: the model's outputs are {', '.join(OUTPUT_DATATYPES)}.")
-    if not isinstance(binary, bool):
-        raise InvalidInput(f"Output '{name}': parameter 'binary_data' must be true or false, got {binary!r}.")
-    if classification is not None and name == LABELS:
-        raise InvalidInput(
-            "Parameter 'classification' applies to a numeric output (PROBABILITIES, CLASS_INDICES or LOGITS), "
-            "not LABELS."
-        )
-    if classification is not None and (
-        isinstance(classification, bool)
-        or not isinstance(classification, int)
-        or not 1 <= classification <= _defaults.MAX_TOP_K
-    ):
-        raise InvalidInput(
-            f"Output '{name}': parameter 'classification' must be an integer from 1 to {_defaults.MAX_TOP_K}, "
-            f"got {classification!r}.",
-        )
-    return RequestedOutput(name, binary, classification)
-
-
-def all_outputs(binary: bool) -> list[RequestedOutput]:
-    """What a request that names no outputs gets."""
-    return [RequestedOutput(name, binary) for name in TOP_K_OUTPUTS]
-
-
-def check_input(name: object, datatype: object, shape: object) -> tuple[str, list[int]]:
-    """The input's datatype and shape, checked: one input named IMAGE, BYTES or UINT8."""
-    if name != INPUT_NAME:
-        raise InvalidInput(f"Unknown input {name!r}: the model has one input, '{INPUT_NAME}' (the image files).")
-    if not isinstance(shape, list | tuple) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise InvalidInput(f"Input '{INPUT_NAME}': shape must be a list of non-negative integers, got {shape!r}.")
-    shape = list(shape)
-    if datatype == "BYTES":
-        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
-            raise InvalidInput(f"Input '{INPUT_NAME}': BYTES takes shape [N] or [N, 1] (one file each), got {shape}.")
-    elif datatype == "UINT8":
-        if len(shape) not in (1, 2):
-            raise InvalidInput(
-                f"Input '{INPUT_NAME}': UINT8 takes shape [L] (one file) or [N, L] (N files, padded), got {shape}."
-            )
-    else:
-        raise InvalidInput(f"Input '{INPUT_NAME}': datatype must be BYTES (or UINT8 for file bytes), got {datatype!r}.")
-    return str(datatype), shape
-
-
-def images_from_elements(
-    datatype: str, shape: list[int], elements: Sequence[bytes] | bytes, max_images: int
-) -> list[bytes]:
-    """The image files of a checked input, given its BYTES elements or its UINT8 buffer.
-
-    The count is checked against ``max_images`` from the shape first: a shape of a billion empty
-    rows must cost nothing.
-    """
-    rows = 1 if datatype == "UINT8" and len(shape) == 1 else shape[0]
-    check_count(rows, max_images)
-    if datatype == "UINT8":
-        buffer = bytes(elements)
-        width = shape[-1]
-        if width == 0:
-            raise InvalidInput(f"Input '{INPUT_NAME}': UINT8 rows of length 0 hold no file.")
-        if len(buffer) != rows * width:
-            raise InvalidInput(f"Input '{INPUT_NAME}': shape {shape} needs {rows * width} bytes, got {len(buffer)}.")
-        # Padding after a file's end is harmless: decoders stop at the end of the image.
-        return [buffer[row * width : (row + 1) * width] for row in range(rows)]
-    if len(elements) != shape[0]:
-        raise InvalidInput(f"Input '{INPUT_NAME}': shape {shape} needs {shape[0]} elements, got {len(elements)}.")
-    return list(elements)
-
-
-def json_elements(datatype: str, data: object) -> list[bytes] | bytes:
-    """The ``data`` of a JSON input: base64 strings for BYTES, integers 0..255 for UINT8."""
-    flat = list(_flatten(data))
-    if datatype == "UINT8":
-        try:
-            return bytes(flat)
-        except (TypeError, ValueError):
-            raise InvalidInput(f"Input '{INPUT_NAME}': UINT8 data must be integers from 0 to 255.") from None
-    elements, bad = [], []
-    for index, text in enumerate(flat):
-        try:
-            if not isinstance(text, str):
-                raise ValueError
-            elements.append(base64.b64decode("".join(text.split()), validate=True))
-        except (binascii.Error, ValueError):
-            bad.append(index)
-    if bad:
-        raise InvalidInput(
-            f"Input '{INPUT_NAME}': element(s) {_indices(bad)} are not base64 strings. In JSON, send each file "
-            "base64-encoded; or send raw bytes with the binary tensor extension.",
-        )
-    return elements
-
-
-def _flatten(data: object) -> Iterable[object]:
-    if not isinstance(data, list):
-        raise InvalidInput(f"Input '{INPUT_NAME}': 'data' must be a list.")
-    for item in data:
-        if isinstance(item, list):
-            yield from _flatten(item)
-        else:
-            yield item
-
-
-def check_count(count: int, limit: int) -> None:
-    if count == 0:
-        raise InvalidInput(f"Input '{INPUT_NAME}' holds no image.")
-    if count > limit:
-        raise PayloadTooLarge(
-            f"The request has {count} images; the limit is {limit} per request (server flag "
-            "--max-images-per-request). Split them over several requests.",
-        )
-
-
 def failed_items(answers: Sequence[Answer | None]) -> None:
     """``ServiceError`` for a request any of whose images failed: a 5xx as it came (503, 504), else 400
     naming each failing item and why (its own 413 or 415 is in the message)."""
@@ -274,10 +144,11 @@ def failed_items(answers: Sequence[Answer | None]) -> None:
         first = server_side[0]
         raise error_of_status(first.status_code, first.detail, retry_after_s=first.retry_after_s)
     details = "; ".join(f"[{index}] {a.detail}" for index, a in failed)
-    raise InvalidInput(f"Image(s) {_indices([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
+    raise InvalidInput(f"Image(s) {index_list([i for i, _ in failed])} of input '{INPUT_NAME}' failed: {details}")
 
 
-def _indices(indices: Sequence[int]) -> str:
+def index_list(indices: Sequence[int]) -> str:
+    """Indices as a message lists them: the first 20, then how many more."""
     shown = ", ".join(str(i) for i in indices[:20])
     return shown + (f" and {len(indices) - 20} more" if len(indices) > 20 else "")
 
