@@ -40,7 +40,7 @@ from PIL import Image
 from benchmarks.harness.common import machine_record, results_dir, write_results
 from compile import CAT_LABELS, sample_photo
 from service.client.launcher import ServerProcess
-from service.tune.loadgen import percentile
+from service.tune.loadgen import Exchange, closed_loop, exchange, percentile
 from tests.bad_inputs import bad_inputs
 
 logger = logging.getLogger(__name__)
@@ -353,25 +353,24 @@ def check_answer(spec: RequestSpec, response: httpx.Response) -> str | None:
     return None
 
 
-async def send(client: httpx.AsyncClient, spec: RequestSpec) -> Outcome:
-    started = time.perf_counter()
-    try:
-        response = await client.post("/predict", content=spec.content, headers=spec.headers, params=spec.params)
-    except httpx.HTTPError as exc:
-        latency = (time.perf_counter() - started) * 1e3
-        return Outcome(spec.kind, spec.good, None, latency, f"{type(exc).__name__}: {exc}")
-    latency = (time.perf_counter() - started) * 1e3
-    return Outcome(spec.kind, spec.good, response.status_code, latency, check_answer(spec, response))
+def outcome(spec: RequestSpec, done: Exchange) -> Outcome:
+    """One answer judged against its request: lost, or what :func:`check_answer` finds wrong."""
+    if done.response is None:
+        return Outcome(spec.kind, spec.good, None, done.latency_ms, f"{type(done.error).__name__}: {done.error}")
+    return Outcome(spec.kind, spec.good, done.response.status_code, done.latency_ms, check_answer(spec, done.response))
 
 
-async def run_load(client: httpx.AsyncClient, specs: Sequence[RequestSpec], concurrency: int) -> list[Outcome]:
-    semaphore = asyncio.Semaphore(concurrency)
+async def send_plan(client: httpx.AsyncClient, specs: Sequence[RequestSpec], concurrency: int) -> list[Outcome]:
+    """Every request of ``specs`` once, through the load generator's closed loop (``concurrency``
+    clients, each sends the next request when its last answer came); outcomes in the plan's order."""
 
-    async def one(spec: RequestSpec) -> Outcome:
-        async with semaphore:
-            return await send(client, spec)
+    async def send(index: int) -> tuple[int, Outcome]:
+        spec = specs[index]
+        done = await exchange(client, "/predict", spec.content, spec.headers, params=spec.params)
+        return index, outcome(spec, done)
 
-    return list(await asyncio.gather(*(one(spec) for spec in specs)))
+    answered = await closed_loop(send, concurrency, range(len(specs)))
+    return [result for _, result in sorted(answered, key=lambda pair: pair[0])]
 
 
 async def wait_ready(client: httpx.AsyncClient, timeout: float = READY_TIMEOUT_S) -> bool:
@@ -524,7 +523,7 @@ async def _soak(
         if not await wait_ready(client):
             raise RuntimeError(f"{url}/ready did not answer 200 within {READY_TIMEOUT_S:.0f} s")
         logger.info("Warm-up: %d requests at concurrency %d", warmup, concurrency)
-        await run_load(client, warmup_specs, concurrency)
+        await send_plan(client, warmup_specs, concurrency)
         if not await wait_ready(client):
             raise RuntimeError(f"{url}/ready is not 200 after the warm-up")
         await asyncio.sleep(SETTLE_S)
@@ -534,7 +533,7 @@ async def _soak(
         logger.info("Soak: %d requests at concurrency %d", requests, concurrency)
         with PeakSampler(processes) as sampler:
             cpu_start, started = cpu_seconds(processes), time.perf_counter()
-            outcomes = await run_load(client, specs, concurrency)
+            outcomes = await send_plan(client, specs, concurrency)
             duration = time.perf_counter() - started
             cpu = cpu_cores(cpu_start, cpu_seconds(processes), duration, server_known=server_pid is not None)
             ready_after = await wait_ready(client, timeout=30.0)

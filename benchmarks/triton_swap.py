@@ -87,6 +87,7 @@ import httpx
 from benchmarks.harness import swap_load
 from benchmarks.harness.common import machine_record, results_dir
 from service.client.launcher import free_port
+from service.tune.loadgen import oip_images
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ class TritonSwapTarget:
         return f"{self.url}/v2/models/{MODEL_NAME}/infer"
 
     def encode(self, image: bytes) -> tuple[bytes, dict[str, str]]:
-        return swap_load.oip_binary_request(image, INPUT_NAME, OUTPUT_NAMES)
+        return oip_images(image, input_name=INPUT_NAME, output_names=OUTPUT_NAMES, shape=(1, 1), binary_outputs=False)
 
     def version_of(self, response: httpx.Response) -> str | None:
         return swap_load.oip_model_version(response)

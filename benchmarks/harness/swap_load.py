@@ -41,23 +41,21 @@ served until then), to see whether a server holds requests during a load and whi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
 import math
 import statistics
-import struct
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import httpx
 
-from service.tune.loadgen import CLIENT_TIMEOUT_S, check_loopback, percentile
+from service.tune.loadgen import CLIENT_TIMEOUT_S, Exchange, check_loopback, closed_loop, exchange, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -100,29 +98,6 @@ def benchmark_images(folder: Path | None, scratch: Path) -> list[bytes]:
         write_benchmark_images(scratch)
         folder = scratch
     return read_images(folder)
-
-
-def oip_binary_request(image: bytes, input_name: str, output_names: Sequence[str]) -> tuple[bytes, dict[str, str]]:
-    """A KServe v2 infer request for one encoded image with the binary tensor extension: the JSON
-    header, then ``input_name`` as a BYTES tensor of shape [1, 1] (a 4-byte little-endian length, then
-    the bytes), outputs asked for as JSON. The layout of ``benchmarks.peers.triton_peer.encode_request``,
-    with the tensor names a parameter (Triton's peer model says ``image``, vision-serve ``IMAGE``)."""
-    tensor = struct.pack("<I", len(image)) + image
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": input_name,
-                    "shape": [1, 1],
-                    "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(tensor)},
-                }
-            ],
-            "outputs": [{"name": name, "parameters": {"binary_data": False}} for name in output_names],
-        }
-    ).encode()
-    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
-    return header + tensor, headers
 
 
 def version_policy_config(version: int) -> str:
@@ -226,38 +201,20 @@ class SwapRun:
         }
 
 
-async def _closed_loop_client(
-    client: httpx.AsyncClient,
-    url: str,
-    bodies: Sequence[tuple[bytes, dict[str, str]]],
-    next_index: Iterator[int],
-    target: SwapTarget,
-    record_from: float,
-    stop: asyncio.Event,
-    answers: list[Answer],
-) -> None:
-    """One closed-loop client: sends the next image as soon as its last answer came, until ``stop``."""
-    for index in next_index:  # shared: the clients take the images in turn
-        if stop.is_set():
-            return
-        body, headers = bodies[index % len(bodies)]
-        sent = time.perf_counter()
-        try:
-            response = await client.post(url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            answer = Answer(sent - record_from, (time.perf_counter() - sent) * 1e3, None, error=repr(exc)[:200])
-        else:
-            latency_ms = (time.perf_counter() - sent) * 1e3
-            ok = 200 <= response.status_code < 300
-            answer = Answer(
-                sent - record_from,
-                latency_ms,
-                response.status_code,
-                target.version_of(response) if ok else None,
-                None if ok else response.text[:200],
-            )
-        if sent >= record_from:
-            answers.append(answer)
+def answer_of(done: Exchange, target: SwapTarget, record_from: float) -> Answer:
+    """One exchange as the run records it: its send time from ``record_from``, the version that answered."""
+    sent_s = done.sent - record_from
+    response = done.response
+    if response is None:
+        return Answer(sent_s, done.latency_ms, None, error=repr(done.error)[:200])
+    ok = 200 <= response.status_code < 300
+    return Answer(
+        sent_s,
+        done.latency_ms,
+        response.status_code,
+        target.version_of(response) if ok else None,
+        None if ok else response.text[:200],
+    )
 
 
 async def _control(target: SwapTarget, plan: SwapPlan, record_from: float, run: SwapRun) -> None:
@@ -290,13 +247,13 @@ async def run_swap_async(target: SwapTarget, images: Sequence[bytes], plan: Swap
     answers: list[Answer] = []
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
         record_from = time.perf_counter() + plan.warmup_s
-        indices = itertools.count()
-        clients = [
-            asyncio.create_task(
-                _closed_loop_client(client, target.infer_url, bodies, indices, target, record_from, stop, answers)
-            )
-            for _ in range(plan.concurrency)
-        ]
+
+        async def send(index: int) -> Answer:
+            body, headers = bodies[index % len(bodies)]
+            return answer_of(await exchange(client, target.infer_url, body, headers), target, record_from)
+
+        # The clients take the images in turn until the loads are done; ``answers`` fills as they come.
+        load = asyncio.create_task(closed_loop(send, plan.concurrency, itertools.count(), stop.is_set, answers))
         try:
             await asyncio.wait_for(_control(target, plan, record_from, run), plan.max_seconds)
         except TimeoutError:
@@ -304,14 +261,15 @@ async def run_swap_async(target: SwapTarget, images: Sequence[bytes], plan: Swap
         finally:
             stop.set()
             # Each client finishes the request it has in flight (recorded), then stops.
-            done, pending = await asyncio.wait(clients, timeout=CLIENT_TIMEOUT_S)
-            for task in pending:
-                task.cancel()
-            for task in done:
-                with contextlib.suppress(asyncio.CancelledError):
-                    if task.exception() is not None:
-                        logger.error("A client stopped on %r", task.exception())
+            try:
+                await asyncio.wait_for(load, CLIENT_TIMEOUT_S)
+            except TimeoutError:
+                logger.error("Clients still waiting %.0f s after the run: their requests are lost.", CLIENT_TIMEOUT_S)
+            except Exception as exc:  # a client's error ends the load, not the run: its answers stay
+                logger.error("A client stopped on %r", exc)
         run.elapsed_s = time.perf_counter() - record_from
+    # Answers sent in the warm-up are not recorded.
+    answers = [answer for answer in answers if answer.sent_s >= 0]
     run.answers = sorted(answers, key=lambda a: a.sent_s)
     return run
 

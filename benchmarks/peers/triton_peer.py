@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import re
-import struct
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from service.client.launcher import free_port
-from service.tune.loadgen import LoadSpec, format_summary, run_load
+from service.tune.loadgen import LoadSpec, format_summary, oip_images, run_load
 
 logger = logging.getLogger(__name__)
 
@@ -108,22 +106,7 @@ def encode_request(image: bytes) -> tuple[bytes, dict[str, str]]:
     says where the JSON ends. The outputs are asked for as JSON, so the answer is plain JSON as
     vision-serve's is. The same work per request as the other servers' clients: one copy of the image.
     """
-    tensor = struct.pack("<I", len(image)) + image
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": INPUT_NAME,
-                    "shape": [1, 1],
-                    "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(tensor)},
-                }
-            ],
-            "outputs": [{"name": name, "parameters": {"binary_data": False}} for name in OUTPUT_NAMES],
-        }
-    ).encode()
-    headers = {"Content-Type": "application/octet-stream", JSON_HEADER_LENGTH: str(len(header))}
-    return header + tensor, headers
+    return oip_images(image, input_name=INPUT_NAME, output_names=OUTPUT_NAMES, shape=(1, 1), binary_outputs=False)
 
 
 def parse_response(payload: dict) -> list[tuple[str, float]]:

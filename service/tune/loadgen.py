@@ -16,6 +16,11 @@ errors by status and the median server-side breakdown.
 Bounded: at most ``requests`` requests and ``max_seconds`` of sending; loopback URLs only.
 Open-loop latencies count from the *scheduled* send time, so a lagging client or a full connection
 pool shows up as latency instead of silently lowering the offered load (no coordinated omission).
+
+The pieces are every benchmark's, so that a latency, a lost request and a closed loop mean the same
+in all of them: :func:`exchange` (one timed POST), :func:`closed_loop` (C clients, each sends the
+next request when its last answer came; the soak and the swap benchmark drive theirs with it, each
+with its own requests and records) and :func:`oip_images` (every OIP binary request).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -160,26 +165,118 @@ def raw_image(image: bytes) -> tuple[bytes, dict[str, str]]:
     return image, {"Content-Type": content_type(image)}
 
 
-def oip_images(image: bytes, count: int) -> tuple[bytes, dict[str, str]]:
-    """An Open Inference Protocol request of ``count`` copies of ``image``, in the binary tensor
-    extension as tritonclient sends it: JSON header, then the BYTES elements. For
-    ``/v2/models/NAME/infer``; ``functools.partial(oip_images, count=32)`` is an ``Encoder``."""
+def oip_images(
+    image: bytes,
+    count: int = 1,
+    *,
+    input_name: str = "IMAGE",
+    output_names: Sequence[str] = ("LABELS",),
+    shape: Sequence[int] | None = None,
+    binary_outputs: bool = True,
+) -> tuple[bytes, dict[str, str]]:
+    """An Open Inference Protocol infer request of ``count`` copies of ``image``, in the binary tensor
+    extension as tritonclient sends it: the JSON header, then ``input_name`` as a BYTES tensor (each
+    element a 4-byte little-endian length, then its bytes); ``Inference-Header-Content-Length`` says
+    where the JSON ends. For ``/v2/models/NAME/infer``; ``functools.partial(oip_images, count=32)``
+    is an ``Encoder``.
+
+    The one builder of every benchmark's OIP requests; what differs between servers is a parameter:
+    the tensor names (vision-serve's ``IMAGE``, the Triton peers' ``image``), the shape (default
+    ``[count]``; ``(1, 1)`` for a model whose input has dims [1]) and whether the outputs come back
+    binary (less work in the answer) or as JSON (an answer read like vision-serve's).
+    """
     from service.http.oip.tensors import serialize_bytes  # only the client processes of OIP runs need it
 
+    shape = [count] if shape is None else list(shape)
+    if math.prod(shape) != count:
+        raise ValueError(f"a BYTES tensor of shape {shape} holds {math.prod(shape)} elements, not {count}.")
     data = serialize_bytes([image] * count)
     header = json.dumps(
         {
             "inputs": [
-                {"name": "IMAGE", "shape": [count], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
+                {"name": input_name, "shape": shape, "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
             ],
-            "outputs": [{"name": "LABELS", "parameters": {"binary_data": True}}],
+            "outputs": [{"name": name, "parameters": {"binary_data": binary_outputs}} for name in output_names],
         }
     ).encode()
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
     return header + data, headers
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One POST as the driver timed it: the whole response, or the transport error that took its place."""
+
+    sent: float  # time.perf_counter() when it was (scheduled to be) sent
+    latency_ms: float  # from ``sent`` to the whole response read (or the error)
+    response: httpx.Response | None  # None: lost (connection error or client timeout)
+    error: httpx.HTTPError | None = None
+    lag_ms: float = 0.0  # how long after ``scheduled`` it actually went (open loop)
+
+
+async def exchange(
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    params: dict[str, str] | None = None,
+    scheduled: float | None = None,
+) -> Exchange:
+    """POST one prepared request and time it. Every load of the project goes through here, so that
+    latency (send, or the scheduled send, to the whole response) and a lost request (any
+    ``httpx.HTTPError``: connection refused or reset, the client's timeout) mean one thing in every
+    benchmark; what an answer is worth (a status, a label, a version) is the caller's to judge."""
+    actual = time.perf_counter()
+    sent = actual if scheduled is None else scheduled
+    lag_ms = (actual - sent) * 1e3
+    try:
+        response = await client.post(url, content=body, headers=headers, params=params)
+    except httpx.HTTPError as exc:
+        return Exchange(sent, (time.perf_counter() - sent) * 1e3, None, exc, lag_ms)
+    return Exchange(sent, (time.perf_counter() - sent) * 1e3, response, None, lag_ms)
+
+
+def _never() -> bool:
+    return False
+
+
+async def closed_loop(
+    send: Callable[[int], Awaitable[T]],
+    concurrency: int,
+    indices: Iterable[int],
+    stop: Callable[[], bool] = _never,
+    into: list[T] | None = None,
+) -> list[T]:
+    """The closed loop of every load: ``concurrency`` clients, each takes the next index (shared: each
+    is sent by exactly one client), awaits ``send(index)`` and takes the next, until the indices run
+    out or ``stop()`` says so before a send; a request in flight is always finished.
+
+    ``send`` is the caller's: its request encoding and what it records of the answer (usually an
+    :func:`exchange` and a record of it). Results are appended to ``into`` (a new list by default) as
+    they come, so a caller that cancels the loop keeps what was answered. If one client raises, the
+    others are cancelled and the error is raised: no client outlives the loop."""
+    results: list[T] = [] if into is None else into
+    next_index = iter(indices)
+
+    async def client_loop() -> None:
+        for index in next_index:
+            if stop():
+                return
+            results.append(await send(index))
+
+    clients = [asyncio.create_task(client_loop()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*clients)
+    finally:
+        for client in clients:  # after an error in one (gather cancels them all when it is cancelled)
+            client.cancel()
+    return results
+
+
 class _Sender:
+    """Request ``index``: the ``index % n``-th image, encoded once; answered as a :class:`Sample`."""
+
     def __init__(
         self, client: httpx.AsyncClient, url: str, images: Sequence[bytes], started: float, encode: Encoder = raw_image
     ) -> None:
@@ -189,38 +286,25 @@ class _Sender:
 
     async def send(self, index: int, scheduled: float | None = None) -> Sample:
         body, headers = self.bodies[index % len(self.bodies)]
-        actual = time.perf_counter()
-        sent = actual if scheduled is None else scheduled
-        lag_ms = (actual - sent) * 1e3
-        try:
-            response = await self.client.post(self.url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return Sample(sent - self.started, (time.perf_counter() - sent) * 1e3, None, error=repr(exc), lag_ms=lag_ms)
-        latency_ms = (time.perf_counter() - sent) * 1e3
+        done = await exchange(self.client, self.url, body, headers, scheduled=scheduled)
+        sent_s, response = done.sent - self.started, done.response
+        if response is None:
+            return Sample(sent_s, done.latency_ms, None, error=repr(done.error), lag_ms=done.lag_ms)
         batch = response.headers.get("X-Batch-Size")
         return Sample(
-            sent - self.started,
-            latency_ms,
+            sent_s,
+            done.latency_ms,
             response.status_code,
             int(batch) if batch and batch.isdigit() else None,
             parse_server_timing(response.headers.get("Server-Timing")),
             None if response.status_code == 200 else response.text[:200],
-            lag_ms,
+            done.lag_ms,
         )
 
 
 async def _closed_loop(sender: _Sender, spec: LoadSpec, first: int, deadline: float) -> list[Sample]:
-    samples: list[Sample] = []
-    next_index = iter(range(first, first + spec.requests))
-
-    async def client_loop() -> None:
-        for index in next_index:  # shared iterator: each request is taken by exactly one client
-            if time.perf_counter() >= deadline:
-                return
-            samples.append(await sender.send(index))
-
-    await asyncio.gather(*(client_loop() for _ in range(spec.concurrency)))
-    return samples
+    indices = range(first, first + spec.requests)
+    return await closed_loop(sender.send, spec.concurrency, indices, lambda: time.perf_counter() >= deadline)
 
 
 async def _open_loop(sender: _Sender, spec: LoadSpec, first: int, deadline: float) -> list[Sample]:

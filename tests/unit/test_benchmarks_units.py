@@ -31,6 +31,8 @@ from service.tune.loadgen import (
     LoadSpec,
     arrival_times,
     check_loopback,
+    closed_loop,
+    oip_images,
     parse_server_timing,
     percentile,
     run_load,
@@ -362,7 +364,7 @@ def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
     from starlette.requests import Request as StarletteRequest
 
     from benchmarks.images_per_request import multipart_request, oip_request, render, to_row
-    from service.http.oip.routes import parse_infer_body
+    from service.http.oip.json_request import parse_infer_body
     from service.http.predict.parsing import RequestLimits, read_predict_request
 
     oip = oip_request(b"\xff\xd8jpeg", 3, model="m")
@@ -383,6 +385,66 @@ def test_images_per_request_bodies_parse_as_the_server_parses_them() -> None:
     rows = [to_row("predict-1", 64, raw, cpu_s=1.0), to_row("predict-64", 1, raw, cpu_s=16.0)]
     assert rows[1].images_per_s == 320.0 and rows[1].server_cpu_ms_per_image == 25.0
     assert "`predict-64` x1: 64.00x the images per second, 0.25x the server CPU per image" in render(rows, 2.0)
+
+
+def test_closed_loop_sends_each_index_once_with_at_most_its_clients_in_flight() -> None:
+    import asyncio
+
+    in_flight, most, sent = 0, 0, []
+
+    async def send(index: int) -> int:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.001 * (index % 3))
+        in_flight -= 1
+        sent.append(index)
+        return index * 10
+
+    results = asyncio.run(closed_loop(send, 4, range(50)))
+    assert sorted(sent) == list(range(50)) and sorted(results) == [i * 10 for i in range(50)]
+    assert most == 4, "four clients, each one request at a time"
+
+
+def test_closed_loop_stops_before_a_send_and_keeps_what_came_when_a_client_fails() -> None:
+    import asyncio
+
+    answered: list[int] = []
+
+    async def send(index: int) -> int:
+        await asyncio.sleep(0)
+        return index
+
+    asyncio.run(closed_loop(send, 2, range(1000), stop=lambda: len(answered) >= 7, into=answered))
+    assert 7 <= len(answered) <= 8, "each client finishes the request it has in flight, then stops"
+
+    async def failing(index: int) -> int:
+        if index == 5:
+            raise RuntimeError("client broke")
+        await asyncio.sleep(0.01)
+        return index
+
+    kept: list[int] = []
+    with pytest.raises(RuntimeError, match="client broke"):
+        asyncio.run(closed_loop(failing, 3, itertools.count(), into=kept))
+    assert kept and 5 not in kept, "what was answered before the failure is kept; no client outlives the loop"
+
+
+def test_oip_images_builds_the_request_each_server_parses() -> None:
+    from service.http.oip.json_request import read_infer_body
+
+    body, headers = oip_images(b"\xff\xd8jpeg", 3)
+    request = read_infer_body(body, headers["Inference-Header-Content-Length"])
+    assert request.input.name == "IMAGE" and request.input.shape == [3]
+    assert request.input.contents("BYTES") == [b"\xff\xd8jpeg"] * 3
+    assert [(o.name, o.binary) for o in request.outputs] == [("LABELS", True)]
+
+    body, headers = oip_images(b"abc", input_name="image", output_names=("a", "b"), shape=(1, 1), binary_outputs=False)
+    header = json.loads(body[: int(headers["Inference-Header-Content-Length"])])
+    assert header["inputs"][0]["name"] == "image" and header["inputs"][0]["shape"] == [1, 1]
+    assert [o["parameters"]["binary_data"] for o in header["outputs"]] == [False, False]
+    with pytest.raises(ValueError, match="holds 4 elements, not 3"):
+        oip_images(b"abc", 3, shape=(2, 2))
 
 
 def test_served_configs_name_their_artifact_by_backend_and_precision(tmp_path) -> None:
