@@ -19,17 +19,24 @@ lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# The unit tier runs in $(TEST_WORKERS) processes (pytest-xdist): its tests wait on subprocesses and
+# sockets more than they compute. The tiers with real servers and compiles stay in one process: two
+# of them at once on 2 cores would only share the cores, and their timeouts are sized for one.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest tests/unit -m "not slow" -n $(TEST_WORKERS)
+	$(PY) -m pytest -m "not slow" --ignore=tests/unit
 
 # The slow tier (tests marked slow: end-to-end runs of minutes, e.g. own models through every backend);
-# CI runs it after `make test`.
+# CI runs it after `make test`. In $(TEST_WORKERS) processes, a file (the container tier: all of it) to
+# one process (tests/conftest.py): the image builds wait on downloads and disk while the other compiles.
 test-slow: $(VENV)/.installed-test
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m slow -n $(TEST_WORKERS) --dist loadfile
 
-# The unit tier (tests/unit): no server, no model run; about 2 minutes on 2 cores.
+# The unit tier (tests/unit): no server, no model run; under 2 minutes on 2 cores.
 test-fast: $(VENV)/.installed-test
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS)
 
 # The GPU headline run, dry, in a stand-in of the GPU machine (docs/benchmarks.md, "On a GPU machine"):
 # about 4 minutes (the stand-in: 3 more minutes and 5 GB the first time). The slow tier runs it too.

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -32,6 +36,14 @@ os.environ.setdefault("VISION_SERVE_WORKERS_PER_DEVICE", "1")
 for _name, _value in HOLD_SAFE_ENV.items():
     os.environ.setdefault(_name, _value)
 
+# Under pytest-xdist (make test-slow, the unit tier) each test process has a temp dir of its own, which
+# the servers and compiles it starts inherit: what one process's tests unpack or leave there is never
+# taken for another's (the GPU headline's dry run checks that it left nothing in /tmp).
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("VISION_SERVE_TEST_TMPDIR"):
+    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"vision-serve-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
+    os.environ["VISION_SERVE_TEST_TMPDIR"] = os.environ["TMPDIR"]
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
 TIERS = ("unit", "integration", "e2e", "container")  # the folders under tests/: where a test lives says what it needs
 
 
@@ -49,6 +61,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("slow")
         if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``-n N --dist loadfile`` (make test-slow) with the container tier as one unit: a file's tests
+    share its module's servers and compiles, and every container test the images one process builds
+    (two processes would build each image twice, at once)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedBuildScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/container" if path.startswith("tests/container/") else path
+
+    return SharedBuildScheduling(config, log)
 
 
 def sample_array(name: str) -> np.ndarray:
@@ -105,3 +134,15 @@ def images_dir(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("bench-images")
     write_benchmark_images(directory)
     return directory
+
+
+@pytest.fixture(scope="session")
+def lite0_eager_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """compile-trt's eager EfficientNet-Lite0 artifact (batches 1, 4, 8), compiled once per session: the
+    model repositories of the e2e tier copy it into their versions (shutil.copytree; never change it)."""
+    output = tmp_path_factory.mktemp("lite0-eager") / "artifact"
+    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager", "--batch", "1,4,8"]
+    command += ["--model", "efficientnet-lite0", "--output", str(output)]
+    completed = subprocess.run(command, capture_output=True)
+    assert completed.returncode == 0, completed.stdout.decode() + completed.stderr.decode()
+    return output

@@ -17,8 +17,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,14 +39,10 @@ def version_config(version: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
+def repository(tmp_path_factory, lite0_eager_artifact):
     root = tmp_path_factory.mktemp("repository")
-    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager", "--batch", "1,4,8"]
-    completed = subprocess.run(
-        [*command, "--model", "efficientnet-lite0", "--output", str(root / "lite" / "1")], capture_output=True
-    )
-    assert completed.returncode == 0, completed.stdout.decode() + completed.stderr.decode()
-    shutil.copytree(root / "lite" / "1", root / "lite" / "2")
+    for version in (1, 2):
+        shutil.copytree(lite0_eager_artifact, root / "lite" / str(version))
     (root / "lite" / "config.toml").write_text("version_policy = {specific = [1]}\n")
     return root
 

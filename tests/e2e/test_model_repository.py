@@ -57,11 +57,11 @@ def compile_into(output, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
+def repository(tmp_path_factory, lite0_eager_artifact):
     root = tmp_path_factory.mktemp("repository")
     finetuned = make_finetuned(tmp_path_factory.mktemp("finetuned"))
-    compile_into(root / "lite" / "1", "--model", "efficientnet-lite0")
-    shutil.copytree(root / "lite" / "1", root / "lite" / "2")
+    for version in (1, 2):
+        shutil.copytree(lite0_eager_artifact, root / "lite" / str(version))
     corrupt = root / "lite" / "3"
     shutil.copytree(root / "lite" / "1", corrupt)
     engine = corrupt / "state_dict.pt"

@@ -9,8 +9,6 @@ load over the budget is refused (nothing evicted, as Triton does).
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import threading
 from collections import Counter
 
@@ -32,16 +30,10 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
+def repository(tmp_path_factory, lite0_eager_artifact):
     root = tmp_path_factory.mktemp("on-demand-repository")
-    first = root / MODELS[0] / "1"
-    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager"]
-    completed = subprocess.run(
-        [*command, "--model", "efficientnet-lite0", "--batch", "1,4,8", "--output", str(first)], capture_output=True
-    )
-    assert completed.returncode == 0, completed.stderr.decode()
-    for name in MODELS[1:]:
-        shutil.copytree(first, root / name / "1")
+    for name in MODELS:
+        shutil.copytree(lite0_eager_artifact, root / name / "1")
     return root
 
 

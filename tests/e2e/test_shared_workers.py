@@ -8,8 +8,6 @@ every model it held is loaded again in a new one.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import threading
 from collections import Counter
 
@@ -29,16 +27,10 @@ SHARED = ("lite", "pets", "birds")
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
+def repository(tmp_path_factory, lite0_eager_artifact):
     root = tmp_path_factory.mktemp("shared-repository")
-    first = root / "lite" / "1"
-    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager"]
-    completed = subprocess.run(
-        [*command, "--model", "efficientnet-lite0", "--batch", "1,4,8", "--output", str(first)], capture_output=True
-    )
-    assert completed.returncode == 0, completed.stderr.decode()
-    for name in (*SHARED[1:], "alone"):
-        shutil.copytree(first, root / name / "1")
+    for name in (*SHARED, "alone"):
+        shutil.copytree(lite0_eager_artifact, root / name / "1")
     (root / "alone" / "config.toml").write_text('isolation = "process"\n')
     return root
 
