@@ -10,6 +10,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -106,8 +108,10 @@ def test_repeated_compile_is_a_cache_hit(fp32_artifact, capsys) -> None:
 def test_served_artifact_classifies_chelsea_as_a_cat(which, request, chelsea_jpeg, coffee_jpeg, tmp_path) -> None:
     artifact = request.getfixturevalue(which)
     manifest = read_manifest(artifact)
-    temp = tmp_path / "temp"
-    temp.mkdir()
+    # Not under tmp_path: the server's multiprocessing manager puts a Unix socket in its temp dir, and
+    # tmp_path (deeper under pytest-xdist) can pass the 107 bytes a socket path may have.
+    temp = Path(tempfile.mkdtemp(prefix="served-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     server = ServerProcess(
         ["--artifact", str(artifact)],
         log_path=tmp_path / "server.log",
