@@ -136,13 +136,17 @@ def images_dir(tmp_path_factory: pytest.TempPathFactory):
     return directory
 
 
+def compile_eager(output: Path, *args: str) -> None:
+    """compile-trt's eager backend (batches 1, 4, 8) into ``output``, as a user runs it."""
+    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager", "--batch", "1,4,8"]
+    completed = subprocess.run([*command, *args, "--output", str(output)], capture_output=True)
+    assert completed.returncode == 0, completed.stdout.decode() + completed.stderr.decode()
+
+
 @pytest.fixture(scope="session")
 def lite0_eager_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """compile-trt's eager EfficientNet-Lite0 artifact (batches 1, 4, 8), compiled once per session: the
     model repositories of the e2e tier copy it into their versions (shutil.copytree; never change it)."""
     output = tmp_path_factory.mktemp("lite0-eager") / "artifact"
-    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager", "--batch", "1,4,8"]
-    command += ["--model", "efficientnet-lite0", "--output", str(output)]
-    completed = subprocess.run(command, capture_output=True)
-    assert completed.returncode == 0, completed.stdout.decode() + completed.stderr.decode()
+    compile_eager(output, "--model", "efficientnet-lite0")
     return output

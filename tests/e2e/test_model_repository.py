@@ -14,8 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -32,7 +30,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from service.client.launcher import ServerProcess, free_port
-from tests.conftest import inference_workers
+from tests.conftest import compile_eager, inference_workers
 from tests.finetuned import LABELS, make_finetuned
 from tests.worker_hold import in_flight, wait_until
 
@@ -50,12 +48,6 @@ def headers(which: dict) -> dict:
     return dict(which)
 
 
-def compile_into(output, *args: str) -> None:
-    command = [sys.executable, "-m", "compile.cli", "--log-level", "warning", "--backend", "eager"]
-    completed = subprocess.run([*command, "--batch", "1,4,8", *args, "--output", str(output)], capture_output=True)
-    assert completed.returncode == 0, completed.stdout.decode() + completed.stderr.decode()
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory, lite0_eager_artifact):
     root = tmp_path_factory.mktemp("repository")
@@ -67,7 +59,7 @@ def repository(tmp_path_factory, lite0_eager_artifact):
     engine = corrupt / "state_dict.pt"
     engine.write_bytes(engine.read_bytes()[: engine.stat().st_size // 4])  # a truncated copy
     (root / "lite" / "config.toml").write_text("version_policy = {specific = [1]}\nmax_batch_size = 8\n")
-    compile_into(
+    compile_eager(
         root / "pets" / "1",
         "--model",
         "efficientnet-lite0",
